@@ -1,0 +1,216 @@
+#include "harness/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "harness/stats.hpp"
+
+namespace memtrade {
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+Json num(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+bool is_memory_metric(const std::string& k) { return k.rfind("peak_", 0) == 0 || k.rfind("host_peak_", 0) == 0; }
+bool is_error_metric(const std::string& k) { return k == "max_abs_err" || k == "max_rel_err" || k == "rel_l2_err"; }
+bool is_count_metric(const std::string& k) { return k == "nan_count" || k == "inf_count"; }
+
+std::string machine_class_of(const LoadedResults& r, const std::string& backend) {
+  const Json& mc = r.context.value("memtrade", Json::object()).value("machine_class", Json::object());
+  return mc.is_object() && mc.contains(backend) && mc[backend].is_string() ? mc[backend].get<std::string>() : "";
+}
+
+// Smallest two-sided p an exact U test can reach with these sample sizes: 2 / C(n1 + n2, n1).
+double min_possible_p(std::size_t n1, std::size_t n2) {
+  double c = 1;
+  for (std::size_t i = 1; i <= n1; ++i) c = c * static_cast<double>(n2 + i) / static_cast<double>(i);
+  return std::min(1.0, 2.0 / c);
+}
+
+}  // namespace
+
+CompareResult compare_results(const LoadedResults& base, const LoadedResults& cur, const CompareOptions& o) {
+  CompareResult R;
+  R.baseline_path = base.path.string();
+  R.current_path = cur.path.string();
+  R.time_gate = o.time_gate;
+  std::map<std::string, const Summary*> cur_by_name;
+  for (const auto& s : cur.cases) cur_by_name[s.name] = &s;
+  std::set<std::string> base_names;
+  std::set<std::string> noted_backends;
+  bool warned_reps = false;
+
+  auto add = [&](CompareRow row) {
+    ++R.checks;
+    if (row.regression) ++R.regressions;
+    R.rows.push_back(std::move(row));
+  };
+
+  for (const auto& b : base.cases) {
+    base_names.insert(b.name);
+    auto it = cur_by_name.find(b.name);
+    if (it == cur_by_name.end()) {
+      add({b.name, "case", b.status, nullptr, "", "missing",
+           o.allow_missing ? "not in the current results (allowed)" : "not in the current results", !o.allow_missing});
+      continue;
+    }
+    const Summary& c = *it->second;
+    if (b.status != c.status) {
+      const bool worse = b.status == "ok" || (b.status == "skipped" && c.status == "error");
+      add({b.name, "status", b.status, c.status, b.status + " -> " + c.status, worse ? "regression" : "status_changed",
+           c.detail, worse});
+      continue;
+    }
+    if (b.status != "ok") continue;
+
+    for (const auto& [k, bv] : b.counters) {
+      const auto cit = c.counters.find(k);
+      const bool have = cit != c.counters.end();
+      const double cv = have ? cit->second : std::nan("");
+      if (is_memory_metric(k)) {
+        if (!have) {
+          add({b.name, k, num(bv), nullptr, "", "missing", "metric not in the current results", true});
+          continue;
+        }
+        const double d = cv - bv;
+        CompareRow row{b.name, k, num(bv), num(cv), (d >= 0 ? "+" : "") + fmt("%.0f B", d), "ok", "", false};
+        if (d > o.memory_tolerance_bytes) {
+          row.verdict = "regression";
+          row.regression = true;
+          row.detail = "grew by " + format_bytes(d) + fmt(" (%+.2f%%)", bv > 0 ? 100 * d / bv : 0.0);
+        } else if (d < 0) {
+          row.verdict = "improved";
+        }
+        add(row);
+      } else if (is_error_metric(k)) {
+        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        if (std::isfinite(bv) && !std::isfinite(cv)) {
+          row.verdict = "regression";
+          row.regression = true;
+          row.detail = "error is NaN/Inf (or absent) where the baseline was finite";
+        } else if (std::isfinite(bv) && std::isfinite(cv)) {
+          row.change = bv > 0 ? fmt("x%.3g", cv / bv) : fmt("%+.3g", cv - bv);
+          if (cv > o.error_ratio * bv && cv - bv > o.error_floor) {
+            row.verdict = "regression";
+            row.regression = true;
+            row.detail = fmt("above %.3g x baseline", o.error_ratio) + fmt(" and the floor %.1e", o.error_floor);
+          } else if (bv > o.error_ratio * cv && bv - cv > o.error_floor) {
+            row.verdict = "improved";
+          }
+        }
+        add(row);
+      } else if (is_count_metric(k)) {
+        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        if (!(cv <= bv)) {
+          row.verdict = "regression";
+          row.regression = true;
+          row.detail = "more non-finite values than the baseline";
+        }
+        add(row);
+      }
+    }
+
+    // Time.
+    if (b.times_s.empty() || c.times_s.empty()) continue;
+    const std::string mb = machine_class_of(base, b.backend), mc = machine_class_of(cur, c.backend);
+    if (mb.empty() || mb != mc) {
+      R.same_machine_class = false;
+      if (noted_backends.insert(b.backend).second)
+        R.notes.push_back("time not compared on " + b.backend + ": baseline machine class '" + mb +
+                          "' differs from current '" + mc + "'");
+      add({b.name, "time", nullptr, nullptr, "", "not_compared", "different machine class", false});
+      continue;
+    }
+    const double mp = min_possible_p(b.times_s.size(), c.times_s.size());
+    if (mp >= o.time_alpha && !warned_reps) {
+      warned_reps = true;
+      R.notes.push_back(fmt("too few repetitions for the time test: with these sample sizes the smallest possible "
+                            "p is %.3g, not below alpha",
+                            mp) +
+                        fmt(" = %.3g; record more repetitions", o.time_alpha));
+    }
+    const double mb_t = stats::median(b.times_s), mc_t = stats::median(c.times_s);
+    const auto mw = stats::mann_whitney_u(b.times_s, c.times_s);
+    const double ratio = mc_t / mb_t;
+    CompareRow row{b.name, "time", num(mb_t), num(mc_t), fmt("%+.1f%%", 100 * (ratio - 1)), "ok",
+                   fmt("median %.4g s", mb_t) + fmt(" -> %.4g s", mc_t) + fmt(", p = %.3g", mw.p_two_sided), false};
+    const bool significant = mw.p_two_sided < o.time_alpha;
+    if (significant && ratio > 1 + o.time_min_effect) {
+      row.verdict = o.time_gate ? "regression" : "slower";
+      row.regression = o.time_gate;
+      if (!o.time_gate) row.detail += " (time is report-only)";
+    } else if (significant && ratio < 1 / (1 + o.time_min_effect)) {
+      row.verdict = "faster";
+    }
+    add(row);
+  }
+  for (const auto& c : cur.cases)
+    if (!base_names.count(c.name)) add({c.name, "case", nullptr, c.status, "", "new", "not in the baseline", false});
+  return R;
+}
+
+static std::string cell(const Json& j) {
+  if (j.is_null()) return "-";
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_number_integer()) return std::to_string(j.get<long long>());
+  return fmt("%.6g", j.get<double>());
+}
+
+std::string format_compare(const CompareResult& r, bool md) {
+  std::vector<const CompareRow*> shown;
+  for (const auto& row : r.rows)
+    if (row.verdict != "ok") shown.push_back(&row);
+  std::stable_sort(shown.begin(), shown.end(), [](auto* a, auto* b) { return a->regression > b->regression; });
+  std::string out;
+  char line[1024];
+  if (md) {
+    out += "| case | metric | baseline | current | change | verdict | detail |\n|---|---|---|---|---|---|---|\n";
+    for (auto* row : shown)
+      out += "| " + row->name + " | " + row->metric + " | " + cell(row->baseline) + " | " + cell(row->current) + " | " +
+             row->change + " | " + (row->regression ? "**" + row->verdict + "**" : row->verdict) + " | " + row->detail + " |\n";
+  } else if (!shown.empty()) {
+    std::snprintf(line, sizeof line, "%-58s %-18s %-14s %-14s %-10s %-14s %s\n", "case", "metric", "baseline", "current",
+                  "change", "verdict", "detail");
+    out += line;
+    for (auto* row : shown) {
+      std::snprintf(line, sizeof line, "%-58s %-18s %-14s %-14s %-10s %-14s %s\n", row->name.c_str(), row->metric.c_str(),
+                    cell(row->baseline).c_str(), cell(row->current).c_str(), row->change.c_str(),
+                    row->verdict.c_str(), row->detail.c_str());
+      out += line;
+    }
+  }
+  for (const auto& n : r.notes) out += (md ? "> note: " : "note: ") + n + "\n";
+  std::snprintf(line, sizeof line, "%s%d regression(s) in %d checks (time %s)%s\n", md ? "\n" : "", r.regressions,
+                r.checks, r.time_gate ? "gates" : "report-only", r.regressions ? "" : ": clean");
+  out += line;
+  return out;
+}
+
+Json compare_to_json(const CompareResult& r) {
+  Json j = Json::object();
+  j["baseline"] = r.baseline_path;
+  j["current"] = r.current_path;
+  j["time_mode"] = r.time_gate ? "gate" : "report";
+  j["same_machine_class"] = r.same_machine_class;
+  j["notes"] = r.notes;
+  j["regressions"] = r.regressions;
+  j["checks"] = r.checks;
+  Json rows = Json::array();
+  for (const auto& row : r.rows)
+    rows.push_back({{"name", row.name}, {"metric", row.metric}, {"baseline", row.baseline}, {"current", row.current},
+                    {"change", row.change}, {"verdict", row.verdict}, {"detail", row.detail},
+                    {"regression", row.regression}});
+  j["rows"] = rows;
+  return j;
+}
+
+}  // namespace memtrade

@@ -1,0 +1,128 @@
+#include <cstdio>
+#include <memory>
+
+#include "harness/cuda_device.hpp"
+
+namespace memtrade {
+
+void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+static std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+static std::string nvidia_driver_version() {
+  // The driver's own version (e.g. 560.35.03) is not exposed by the runtime API; nvidia-smi has it.
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null", "r"), pclose);
+  if (!p) return {};
+  char buf[128] = {0};
+  if (!std::fgets(buf, sizeof buf, p.get())) return {};
+  std::string s(buf);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+CudaStatus cuda_status() {
+  static const CudaStatus status = [] {
+    CudaStatus s;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      s.reason = std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+      cudaGetLastError();  // clear the sticky error
+      return s;
+    }
+    cudaDeviceProp p{};
+    cuda_check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    s.available = true;
+    s.gpu_name = p.name;
+    s.driver = nvidia_driver_version();
+    if (s.driver.empty()) s.driver = "CUDA driver API " + version_string(drv);
+    s.runtime = version_string(rt);
+    return s;
+  }();
+  return status;
+}
+
+std::unique_ptr<Device> make_cuda_device() {
+  auto s = cuda_status();
+  if (!s.available) throw Skip(s.reason);
+  return std::make_unique<CudaDevice>(0);
+}
+
+CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
+  MT_CUDA(cudaSetDevice(ordinal_));
+  MT_CUDA(cudaGetDeviceProperties(&props_, ordinal_));
+  MT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MT_CUDA(cudaEventCreate(&start_));
+  MT_CUDA(cudaEventCreate(&stop_));
+  // Plain cudaMalloc per buffer (no caching), so the tracked figures are what the program asked for.
+  memory_ = std::make_unique<TrackedAllocator>(
+      "cuda:" + std::to_string(ordinal_),
+      [](std::size_t n) -> void* {
+        void* p = nullptr;
+        if (cudaMalloc(&p, n) != cudaSuccess) {
+          cudaGetLastError();
+          return nullptr;
+        }
+        return p;
+      },
+      [](void* p) { cudaFree(p); });
+  host_ = std::make_unique<TrackedAllocator>(
+      "host",
+      [](std::size_t n) -> void* {
+        void* p = nullptr;
+        if (cudaMallocHost(&p, n) != cudaSuccess) {
+          cudaGetLastError();
+          return nullptr;
+        }
+        return p;
+      },
+      [](void* p) { cudaFreeHost(p); });
+}
+
+CudaDevice::~CudaDevice() {
+  cudaEventDestroy(start_);
+  cudaEventDestroy(stop_);
+  cudaStreamDestroy(stream_);
+}
+
+std::string CudaDevice::name() const { return std::string("cuda:") + std::to_string(ordinal_) + " " + props_.name; }
+
+void CudaDevice::copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+  cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                     : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                        : cudaMemcpyDeviceToDevice;
+  MT_CUDA(cudaMemcpyAsync(dst, src, bytes, k, stream_));
+  MT_CUDA(cudaStreamSynchronize(stream_));
+}
+
+void CudaDevice::synchronize() { MT_CUDA(cudaStreamSynchronize(stream_)); }
+
+double CudaDevice::time_call(const std::function<void()>& fn) {
+  MT_CUDA(cudaEventRecord(start_, stream_));
+  fn();
+  MT_CUDA(cudaEventRecord(stop_, stream_));
+  MT_CUDA(cudaEventSynchronize(stop_));
+  float ms = 0;
+  MT_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+  return ms * 1e-3;
+}
+
+std::optional<std::size_t> CudaDevice::backend_used_bytes() {
+  std::size_t free_b = 0, total_b = 0;
+  MT_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return total_b - free_b;
+}
+
+CudaDevice& as_cuda(Device& d) {
+  auto* c = dynamic_cast<CudaDevice*>(&d);
+  if (!c) throw Error("a CUDA implementation was handed a " + std::string(backend_name(d.backend())) + " device");
+  return *c;
+}
+
+}  // namespace memtrade

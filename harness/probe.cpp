@@ -1,0 +1,54 @@
+#include "harness/probe.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "datasets/random.hpp"
+#include "impls/common/blas.hpp"
+
+namespace memtrade {
+
+namespace {
+template <class F>
+double best_seconds(int reps, F&& f) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+}  // namespace
+
+Ceilings probe_cpu() {
+  Ceilings c;
+  {
+    const int64_t n = 2048;
+    std::vector<float> a(n * n), b(n * n), out(n * n);
+    for (int64_t i = 0; i < n * n; ++i) {
+      a[i] = static_cast<float>(data::uniform01(1, i) - 0.5);
+      b[i] = static_cast<float>(data::uniform01(2, i) - 0.5);
+    }
+    auto gemm = [&] { blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n); };
+    gemm();  // warm-up: thread pool start, page faults
+    c["cpu_fp32_gemm_flops"] = 2.0 * n * n * n / best_seconds(5, gemm);
+  }
+  {
+    const std::size_t bytes = 256u << 20;
+    std::vector<unsigned char> src(bytes, 1), dst(bytes, 0);
+    for (std::size_t i = 0; i < bytes; i += 4096) src[i] = static_cast<unsigned char>(i >> 12);
+    auto copy = [&] { std::memcpy(dst.data(), src.data(), bytes); };
+    copy();
+    c["cpu_copy_bytes_per_s"] = 2.0 * bytes / best_seconds(5, copy);
+  }
+  return c;
+}
+
+#ifndef MEMTRADE_WITH_CUDA
+Ceilings probe_cuda() { return {}; }
+#endif
+
+}  // namespace memtrade

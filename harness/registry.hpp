@@ -1,0 +1,131 @@
+// The registry: techniques, their implementations and their claim checks.
+//
+// A technique (gemm, attention, ...) provides:
+//   - validate(case): throws memtrade::Error for an impossible case (bad shapes, unknown options);
+//   - prepare(case): the host inputs and the float64 oracle, built once per case and shared by
+//     every implementation (a Problem);
+//   - implementations, each with a role (reference / optimized / vendor) and a backend, that turn
+//     (case, problem, device) into a Workload whose run() is the measured call;
+//   - claim checks: functions that judge a published claim from the suite's records.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/device.hpp"
+#include "harness/metrics.hpp"
+
+namespace memtrade {
+
+using Json = nlohmann::ordered_json;
+
+enum class Role : uint8_t { reference, optimized, vendor };
+std::string_view role_name(Role r);
+
+// One point of a suite's grid.
+struct Case {
+  std::string suite;
+  std::string id;  // "n=256,dtype=fp32": the parameters in grid order
+  Json params;     // {"n": 256, "dtype": "fp32"}
+  double x = 0;    // the value of the suite's x parameter (the size axis of plots)
+
+  // Typed parameter access; a missing or mistyped key throws Error naming the case.
+  int64_t integer(const std::string& key) const;
+  int64_t integer(const std::string& key, int64_t fallback) const;
+  std::string text(const std::string& key) const;
+  std::string text(const std::string& key, const std::string& fallback) const;
+  bool flag(const std::string& key, bool fallback) const;
+};
+
+// Per-call amount of work, for throughput counters.
+struct Work {
+  double flops = 0;       // floating-point operations per call
+  double bytes = 0;       // fewest bytes the call must move through memory
+  std::string gemm_dtype;  // which GEMM ceiling the flops are compared with ("fp32", "bf16", ...); empty: none
+};
+
+// Host-side inputs and oracle of one case, shared by its implementations.
+class Problem {
+ public:
+  virtual ~Problem() = default;
+};
+
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual void run() = 0;              // the measured call; must give the same result every time
+  virtual ErrorStats error() = 0;      // error of the last run's output against the float64 oracle
+  virtual Work work() const = 0;
+};
+
+struct Impl {
+  std::string technique, name;
+  Role role = Role::reference;
+  Backend backend = Backend::cpu;
+  std::string description;
+  // Returns "" when the implementation covers the case, else why not (such cases are not run).
+  std::function<std::string(const Case&)> not_applicable = [](const Case&) { return std::string(); };
+  // Allocates inputs and outputs on the device. May throw OutOfMemory, Skip or Error.
+  std::function<std::unique_ptr<Workload>(const Case&, const Problem&, Device&)> make;
+};
+
+// A finished (case, implementation) measurement, as the results file and the claim checks see it.
+struct Record {
+  std::string name;  // suite/case_id/impl
+  std::string suite, technique, impl;
+  Role role = Role::reference;
+  Backend backend = Backend::cpu;
+  Case kase;
+  std::string status = "ok";  // ok | oom | skipped | error
+  std::string detail;
+  std::map<std::string, double> counters;  // peak_bytes, rel_l2_err, tflops, ...
+  std::vector<double> times_s;             // one per repetition (seconds per call)
+  std::vector<int64_t> iterations;         // iterations behind each repetition
+  double counter(const std::string& key, double fallback = 0) const;
+};
+
+// A published claim, as data in the suite file.
+struct ClaimSpec {
+  std::string id, statement, source, expected;
+  Json data;  // whatever else the check needs (thresholds, cases to compare)
+};
+struct ClaimResult {
+  std::string measured;
+  std::string verdict;  // reproduced | not_reproduced | out_of_scope
+  std::string note;
+};
+using ClaimCheck = std::function<ClaimResult(const ClaimSpec&, const std::vector<Record>&)>;
+
+struct Technique {
+  std::string name;
+  std::string description;
+  std::function<void(const Case&)> validate = [](const Case&) {};
+  std::function<std::unique_ptr<Problem>(const Case&)> prepare;
+  std::vector<Impl> impls;
+  std::map<std::string, ClaimCheck> claims;
+};
+
+class Registry {
+ public:
+  void add(Technique t);  // throws on a duplicate name
+  const Technique& get(const std::string& name) const;  // throws Error listing the known techniques
+  const std::vector<Technique>& all() const { return techniques_; }
+
+ private:
+  std::vector<Technique> techniques_;
+};
+
+// The registry with every technique memtrade was built with (see impls/register_all.cpp).
+const Registry& registry();
+
+// Cast helper for an implementation's make(): the technique's own Problem type.
+template <class P>
+const P& problem_as(const Problem& p) {
+  return dynamic_cast<const P&>(p);
+}
+
+}  // namespace memtrade

@@ -1,0 +1,288 @@
+#include "harness/runner.hpp"
+
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "harness/probe.hpp"
+#include "harness/stats.hpp"
+
+namespace memtrade {
+
+namespace {
+
+// Collects Google Benchmark's per-repetition runs instead of printing them.
+class Collector final : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& r : runs)
+      if (r.run_type == Run::RT_Iteration) runs_.push_back(r);
+  }
+  std::vector<Run> runs_;
+};
+
+void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, double min_time_s) {
+  auto* b = benchmark::RegisterBenchmark(rec.name.c_str(), [&](benchmark::State& st) {
+    for (auto _ : st) st.SetIterationTime(dev.time_call([&] { w.run(); }));
+  });
+  b->UseManualTime()->Repetitions(repetitions)->MinTime(min_time_s)->Unit(benchmark::kNanosecond);
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector);
+  benchmark::ClearRegisteredBenchmarks();
+  for (const auto& r : collector.runs_) {
+    if (r.error_occurred) throw Error("timing failed: " + r.error_message);
+    rec.times_s.push_back(r.GetAdjustedRealTime() * 1e-9);
+    rec.iterations.push_back(r.iterations);
+  }
+  if (rec.times_s.empty()) throw Error("timing produced no repetitions");
+}
+
+void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilings& ceilings) {
+  const double t = stats::median(rec.times_s);
+  if (!(t > 0)) return;
+  const std::string be(backend_name(backend));
+  if (work.flops > 0) {
+    rec.counters["flops"] = work.flops;
+    rec.counters["tflops"] = work.flops / t * 1e-12;
+    if (!work.gemm_dtype.empty()) {
+      auto it = ceilings.find(be + "_" + work.gemm_dtype + "_gemm_flops");
+      if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_gemm_ceiling"] = work.flops / t / it->second;
+    }
+  }
+  if (work.bytes > 0) {
+    rec.counters["bytes_moved"] = work.bytes;
+    rec.counters["gbytes_per_s"] = work.bytes / t * 1e-9;
+    auto it = ceilings.find(be + "_copy_bytes_per_s");
+    if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_copy_ceiling"] = work.bytes / t / it->second;
+  }
+}
+
+std::string summary_line(const Record& r) {
+  char buf[512];
+  if (r.status != "ok") {
+    std::snprintf(buf, sizeof buf, "%-60s %-7s %s", r.name.c_str(), r.status.c_str(), r.detail.c_str());
+    return buf;
+  }
+  const double t = stats::median(r.times_s);
+  std::snprintf(buf, sizeof buf, "%-60s ok      peak %-11s extra %-11s median %9.3f ms  rel_l2 %.2e", r.name.c_str(),
+                format_bytes(r.counter("peak_bytes")).c_str(), format_bytes(r.counter("peak_extra_bytes")).c_str(),
+                t * 1e3, r.counter("rel_l2_err", std::nan("")));
+  std::string s = buf;
+  if (r.counters.count("tflops")) {
+    std::snprintf(buf, sizeof buf, "  %.3f TFLOP/s", r.counter("tflops"));
+    s += buf;
+  }
+  if (r.counters.count("frac_of_gemm_ceiling")) {
+    std::snprintf(buf, sizeof buf, " (%.0f%% of GEMM ceiling)", 100 * r.counter("frac_of_gemm_ceiling"));
+    s += buf;
+  }
+  return s;
+}
+
+Record blank_record(const Impl& impl, const Case& c) {
+  Record r;
+  r.name = c.suite + "/" + c.id + "/" + impl.name;
+  r.suite = c.suite;
+  r.technique = impl.technique;
+  r.impl = impl.name;
+  r.role = impl.role;
+  r.backend = impl.backend;
+  r.kase = c;
+  return r;
+}
+
+}  // namespace
+
+Record measure(const Technique&, const Impl& impl, const Case& c, const Problem& problem, Device& dev,
+               int repetitions, double min_time_s, const Ceilings& ceilings) {
+  Record rec = blank_record(impl, c);
+  TrackedAllocator& pool = dev.memory();
+  TrackedAllocator& host = dev.host();
+  try {
+    const auto backend_before = dev.backend_used_bytes();
+    auto w = impl.make(c, problem, dev);
+
+    // Memory pass: one call between a peak reset and a peak read.
+    dev.synchronize();
+    pool.reset_peak();
+    host.reset_peak();
+    const std::size_t live_before = pool.total().live;
+    const std::size_t host_before = host.total().live;
+    w->run();
+    dev.synchronize();
+    const UsageStats total = pool.total();
+    rec.counters["peak_bytes"] = static_cast<double>(total.peak);
+    rec.counters["peak_extra_bytes"] = static_cast<double>(total.peak - live_before);
+    for (std::size_t t = 0; t < kTagCount; ++t) {
+      const auto s = pool.by_tag(static_cast<Tag>(t));
+      if (s.peak > 0) rec.counters["peak_bytes_" + std::string(tag_name(static_cast<Tag>(t)))] = static_cast<double>(s.peak);
+    }
+    const UsageStats hs = host.total();
+    if (hs.peak > 0) {
+      rec.counters["host_peak_bytes"] = static_cast<double>(hs.peak);
+      rec.counters["host_peak_extra_bytes"] = static_cast<double>(hs.peak - host_before);
+    }
+    if (backend_before) {
+      // What the driver saw allocated while the workload is alive, beside what the allocator tracked:
+      // a gap larger than allocation granularity means memory escaped the tracked pools.
+      rec.counters["cuda_meminfo_delta_bytes"] = static_cast<double>(*dev.backend_used_bytes()) - *backend_before;
+      rec.counters["cuda_tracked_live_bytes"] = static_cast<double>(pool.total().live);
+    }
+
+    // Error pass.
+    const ErrorStats e = w->error();
+    rec.counters["max_abs_err"] = e.max_abs;
+    rec.counters["max_rel_err"] = e.max_rel;
+    rec.counters["rel_l2_err"] = e.rel_l2;
+    rec.counters["nan_count"] = static_cast<double>(e.nan_count);
+    rec.counters["inf_count"] = static_cast<double>(e.inf_count);
+
+    // Timing.
+    time_with_gbench(rec, *w, dev, repetitions, min_time_s);
+    add_throughput(rec, w->work(), impl.backend, ceilings);
+  } catch (const OutOfMemory& e) {
+    rec.status = "oom";
+    rec.detail = e.what();
+    rec.counters.clear();
+    rec.counters["oom_requested_bytes"] = static_cast<double>(e.requested);
+    rec.counters["oom_live_bytes"] = static_cast<double>(e.live);
+  } catch (const Skip& e) {
+    rec.status = "skipped";
+    rec.detail = e.what();
+    rec.counters.clear();
+  } catch (const std::exception& e) {
+    rec.status = "error";
+    rec.detail = e.what();
+    rec.counters.clear();
+  }
+  rec.times_s.resize(rec.status == "ok" ? rec.times_s.size() : 0);
+  return rec;
+}
+
+RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
+  const auto dir = opts.suites_dir.empty() ? default_suites_dir() : opts.suites_dir;
+  std::vector<SuiteSpec> suites;
+  const auto all = load_all_suites(dir);
+  for (const auto& name : opts.suites) {
+    if (name == "all") {
+      suites = all;
+      break;
+    }
+    bool found = false;
+    for (const auto& s : all)
+      if (s.name == name) {
+        suites.push_back(s);
+        found = true;
+      }
+    if (!found) {
+      std::string known;
+      for (const auto& s : all) known += (known.empty() ? "" : ", ") + s.name;
+      throw Error("unknown suite '" + name + "' (suites: " + known + ")");
+    }
+  }
+  if (opts.backend != "cpu" && opts.backend != "cuda" && opts.backend != "auto")
+    throw Error("unknown backend '" + opts.backend + "' (expected cpu, cuda or auto)");
+  const bool want_cpu = opts.backend != "cuda", want_cuda = opts.backend != "cpu";
+
+  RunInfo info;
+  info.profile = opts.profile;
+  info.backend = opts.backend;
+  info.capacity = opts.capacity;
+  for (const auto& s : suites) {
+    s.profile(opts.profile);  // fails early on an unknown profile
+    reg.get(s.technique);
+    info.suites.push_back(s.name);
+    info.suite_meta[s.name] = {{"technique", s.technique}, {"x_param", s.x_param}, {"x_label", s.x_label},
+                               {"description", s.description}};
+    info.repetitions = std::max(info.repetitions, opts.repetitions.value_or(s.profile(opts.profile).repetitions));
+  }
+
+  std::unique_ptr<Device> cpu, cuda;
+  std::string cuda_reason;
+  if (want_cpu) cpu = make_cpu_device();
+  if (want_cuda) {
+    try {
+      cuda = make_cuda_device();
+    } catch (const Skip& e) {
+      cuda_reason = e.what();
+    }
+  }
+  if (opts.verbose) std::printf("memtrade: measuring machine ceilings...\n");
+  if (cpu) info.ceilings = probe_cpu();
+  if (cuda)
+    for (const auto& [k, v] : probe_cuda()) info.ceilings[k] = v;
+  for (Device* d : {cpu.get(), cuda.get()})
+    if (d) d->memory().set_capacity(opts.capacity);
+
+  ResultsWriter writer(opts.out, build_context(info));
+  RunSummary sum;
+  for (const auto& s : suites) {
+    const Technique& tech = reg.get(s.technique);
+    const Profile& prof = s.profile(opts.profile);
+    const int reps = opts.repetitions.value_or(prof.repetitions);
+    std::vector<Record> records;
+    for (const Case& c : prof.cases) {
+      std::unique_ptr<Problem> problem;
+      std::string problem_error;
+      bool problem_tried = false;
+      for (const Impl& impl : tech.impls) {
+        if (impl.backend == Backend::cpu ? !want_cpu : !want_cuda) continue;
+        Record rec = blank_record(impl, c);
+        if (!opts.filter.empty() && rec.name.find(opts.filter) == std::string::npos) continue;
+        try {
+          tech.validate(c);
+          if (!impl.not_applicable(c).empty()) continue;
+        } catch (const std::exception& e) {
+          rec.status = "error";
+          rec.detail = e.what();
+        }
+        Device* dev = impl.backend == Backend::cpu ? cpu.get() : cuda.get();
+        if (rec.status == "ok" && !dev) {
+          rec.status = "skipped";
+          rec.detail = cuda_reason;
+        }
+        if (rec.status == "ok" && !problem_tried) {
+          problem_tried = true;
+          try {
+            problem = tech.prepare(c);
+          } catch (const std::exception& e) {
+            problem_error = e.what();
+          }
+        }
+        if (rec.status == "ok" && !problem) {
+          rec.status = "error";
+          rec.detail = "preparing the case failed: " + problem_error;
+        }
+        if (rec.status == "ok") rec = measure(tech, impl, c, *problem, *dev, reps, prof.min_time_s, info.ceilings);
+        if (opts.verbose) std::printf("%s\n", summary_line(rec).c_str());
+        std::fflush(stdout);
+        (rec.status == "ok" ? sum.ok : rec.status == "oom" ? sum.oom : rec.status == "skipped" ? sum.skipped : sum.error)++;
+        writer.add(rec);
+        records.push_back(std::move(rec));
+      }
+    }
+    for (const auto& claim : s.claims) {
+      ClaimResult res;
+      auto it = tech.claims.find(claim.id);
+      if (it == tech.claims.end()) {
+        res = {"", "out_of_scope", "no check for this claim is implemented in the " + tech.name + " technique"};
+      } else {
+        try {
+          res = it->second(claim, records);
+        } catch (const std::exception& e) {
+          res = {"", "out_of_scope", std::string("the check failed: ") + e.what()};
+        }
+      }
+      writer.add_claim(claim, res);
+      if (opts.verbose) std::printf("claim %-14s %-15s %s\n", claim.id.c_str(), res.verdict.c_str(), res.measured.c_str());
+    }
+  }
+  if (opts.verbose)
+    std::printf("memtrade: %d ok, %d oom, %d skipped, %d error; results in %s\n", sum.ok, sum.oom, sum.skipped,
+                sum.error, opts.out.c_str());
+  return sum;
+}
+
+}  // namespace memtrade

@@ -1,0 +1,46 @@
+// The runner: every applicable implementation on every case of a suite's profile.
+//
+// Per (case, implementation), in this order:
+//   1. make the workload (inputs and outputs allocated on the device);
+//   2. memory pass: reset the pool's peak, make one call, read the peak (peak_bytes, the increase
+//      over what was live before the call as peak_extra_bytes, and per-tag peaks);
+//   3. error pass: the output of that call against the float64 oracle;
+//   4. timing: Google Benchmark repetitions of the call, manual time from the device (CUDA events
+//      on the GPU), min_time per repetition from the profile.
+// An OutOfMemory anywhere makes the record "oom", Skip "skipped", any other exception "error";
+// the run goes on with the next case.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/results.hpp"
+#include "harness/suite.hpp"
+
+namespace memtrade {
+
+struct RunOptions {
+  std::vector<std::string> suites;  // names; "all" for every suite
+  std::string profile = "quick";
+  std::string backend = "auto";  // cpu | cuda | auto (both; CUDA records "skipped" without a device)
+  std::filesystem::path out;
+  std::filesystem::path suites_dir;
+  std::optional<std::size_t> capacity;  // device pool capacity in bytes
+  std::optional<int> repetitions;       // overrides the profile's
+  std::string filter;                   // run only records whose name contains this
+  bool verbose = true;
+};
+
+struct RunSummary {
+  int ok = 0, oom = 0, skipped = 0, error = 0;
+};
+
+RunSummary run_suites(const Registry& reg, const RunOptions& opts);
+
+// One (case, implementation) measurement: the steps above. Exposed for tests.
+Record measure(const Technique& tech, const Impl& impl, const Case& c, const Problem& problem, Device& dev,
+               int repetitions, double min_time_s, const Ceilings& ceilings);
+
+}  // namespace memtrade

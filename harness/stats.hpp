@@ -1,0 +1,26 @@
+// Small-sample statistics for the regression checker: location/spread summaries and the
+// two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu semantics, method='auto').
+#pragma once
+
+#include <vector>
+
+namespace memtrade::stats {
+
+// All functions throw memtrade::Error on an empty sample or one containing NaN.
+double median(std::vector<double> v);        // middle value; mean of the two middle values for even n
+double mean(const std::vector<double>& v);
+double stddev(const std::vector<double>& v);  // sample standard deviation (divides by n - 1); needs n >= 2
+
+struct MannWhitney {
+  double u;            // U statistic of sample a: the number of pairs (a_i, b_j) with a_i > b_j, ties count 1/2
+  double p_two_sided;  // in [0, 1]
+  bool exact;          // p from the exact null distribution (else the normal approximation)
+};
+
+// Two-sided Mann-Whitney U test of a against b, as scipy.stats.mannwhitneyu(a, b,
+// alternative='two-sided', method='auto'): the exact p-value when there are no ties and either
+// sample has at most 8 values, otherwise the normal approximation with tie and continuity
+// corrections. Infinite values are allowed (they just rank first or last).
+MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<double>& b);
+
+}  // namespace memtrade::stats

@@ -1,0 +1,20 @@
+// GEMM through OpenBLAS sgemm (the vendor library on the CPU).
+#include "impls/common/blas.hpp"
+#include "impls/gemm/gemm.hpp"
+
+namespace memtrade::gemm {
+
+namespace {
+class OpenBlas final : public GemmWorkload {
+ public:
+  using GemmWorkload::GemmWorkload;
+  void run() override {
+    const auto [m, n, k] = p_.s;
+    blas::sgemm(false, false, m, n, k, 1.f, a_.as<float>(), k, b_.as<float>(), n, 0.f, c_.as<float>(), n);
+  }
+};
+}  // namespace
+
+std::unique_ptr<Workload> make_openblas(const GemmProblem& p, Device& dev) { return std::make_unique<OpenBlas>(p, dev); }
+
+}  // namespace memtrade::gemm

@@ -1,0 +1,16 @@
+// Every technique memtrade is built with. A new technique adds one line here.
+#include "harness/registry.hpp"
+#include "impls/gemm/gemm.hpp"
+
+namespace memtrade {
+
+const Registry& registry() {
+  static const Registry r = [] {
+    Registry reg;
+    gemm::register_technique(reg);
+    return reg;
+  }();
+  return r;
+}
+
+}  // namespace memtrade

@@ -1,0 +1,751 @@
+#!/usr/bin/env python3
+"""Render memtrade results (Google Benchmark JSON, extended) as one self-contained HTML page.
+
+    python3 scripts/report.py RESULTS.json [RESULTS2.json ...] [--compare COMPARE.json] -o report.html
+
+Per technique the plots come from the last results file that contains that
+technique ("current"); with two or more files containing it, a trend section
+plots median time and peak bytes across the files in the order given.
+Everything (PNG plots as data: URIs, CSS, the tiny load-check script) is inline.
+"""
+import argparse
+import base64
+import datetime
+import html
+import io
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib import ticker
+except ImportError as _e:
+    sys.exit(f"report.py: error: {_e.name} is required (pip install matplotlib numpy); "
+             f"interpreter: {sys.executable}")
+
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+NON_OK_STATUSES = ("oom", "skipped", "error")
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 32px;color:#1b1b1b;max-width:1500px}
+h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px} h3{margin-top:24px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0 16px}
+th,td{border:1px solid #d4d4d4;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f1f3f5} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.ctx-wrap{display:flex;flex-wrap:wrap;gap:16px} .ctx-wrap>div{flex:0 1 640px;min-width:0}
+.plots{display:flex;flex-wrap:wrap;gap:12px} .plots figure{margin:0;max-width:640px} img.plot{max-width:100%;border:1px solid #eee}
+figcaption,.note{font-size:12px;color:#555;max-width:680px}
+.muted{color:#666} .nowrap{white-space:nowrap} .warn{background:#fff4d6;border-left:4px solid #e0a800;padding:6px 10px}
+.synthetic{background:#ffe3e3;border-left:4px solid #c92a2a;padding:6px 10px;font-weight:600}
+tr.regression td{background:#ffd8d8} tr.improved td{background:#d3f9d8}
+tr.missing td,tr.status_changed td{background:#fff4d6}
+.st-oom{background:#ffd8d8;color:#a00} .st-error{background:#ffc9c9;color:#900;font-weight:600}
+.st-skipped{background:#e9ecef;color:#555} .st-ok{color:#2b8a3e}
+.v-reproduced{background:#d3f9d8;color:#1b5e20;font-weight:600}
+.v-not_reproduced{background:#ffd8d8;color:#a00;font-weight:600} .v-out_of_scope{background:#e9ecef;color:#555}
+.big-ok{font-size:18px;color:#2b8a3e;font-weight:700} .big-bad{font-size:18px;color:#c92a2a;font-weight:700}
+nav a{margin-right:14px}
+"""
+
+LOAD_CHECK_JS = """
+window.addEventListener('load', function () {
+  var imgs = document.querySelectorAll('img.plot'), n = 0;
+  for (var i = 0; i < imgs.length; i++) { if (imgs[i].complete && imgs[i].naturalWidth > 0) n++; }
+  document.body.dataset.plotsLoaded = String(n);
+  document.body.dataset.plotsTotal = String(imgs.length);
+  if (imgs.length) {
+    var r = imgs[0].getBoundingClientRect();
+    document.body.dataset.firstPlotRect = [r.left + window.scrollX, r.top + window.scrollY,
+                                           r.width, r.height].map(Math.round).join(',');
+  }
+});
+"""
+
+
+class ReportError(Exception):
+    """A user-facing input problem: printed without a traceback, exit code 2."""
+
+
+# ---------------------------------------------------------------- formatting
+
+def esc(v):
+    return html.escape("" if v is None else str(v))
+
+
+def _isnum(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def plottable(v):
+    """True for a finite positive number (usable on a log axis)."""
+    return _isnum(v) and math.isfinite(v) and v > 0
+
+
+def fmt_si(v, unit, digits=3):
+    """112e9, 'FLOP/s' -> '112 GFLOP/s'."""
+    if not _isnum(v):
+        return "—" if v is None else str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "inf"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.{digits}g} {prefix}{unit}"
+    return f"{v:.{digits}g} {unit}"
+
+
+def fmt_bytes(v):
+    """Binary units for memory: 786432 -> '768 KiB'."""
+    if not _isnum(v):
+        return "—" if v is None else str(v)
+    if math.isnan(v):
+        return "NaN"
+    for scale, unit in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.0f} B"
+
+
+def fmt_seconds(v):
+    if not _isnum(v):
+        return "—" if v is None else str(v)
+    if math.isnan(v):
+        return "NaN"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v / 1e-9:.3g} ns"
+
+
+def fmt_num(v, spec=".3g"):
+    if v is None:
+        return "—"
+    if not _isnum(v):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    return format(v, spec)
+
+
+def fmt_ceiling(key, v):
+    if key.endswith("_flops"):
+        return fmt_si(v, "FLOP/s")
+    if key.endswith("bytes_per_s"):
+        return fmt_si(v, "B/s")
+    if key.endswith("_bytes"):
+        return fmt_bytes(v)
+    return fmt_num(v, ".4g")
+
+
+def table(headers, rows, row_classes=None):
+    """rows: lists of already-escaped HTML cell strings (a cell may be (html, css_class))."""
+    out = ["<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr></thead><tbody>"]
+    for i, row in enumerate(rows):
+        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        cells = []
+        for c in row:
+            text, ccls = c if isinstance(c, tuple) else (c, "")
+            cells.append(f'<td class="{ccls}">{text}</td>' if ccls else f"<td>{text}</td>")
+        out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- loading
+
+def load_json(path, what):
+    if not os.path.isfile(path):
+        raise ReportError(f"{what} file '{path}' does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ReportError(f"{what} file '{path}' is not valid JSON: {e}") from None
+    except OSError as e:
+        raise ReportError(f"cannot read {what} file '{path}': {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{what} file '{path}' does not hold a JSON object")
+    return data
+
+
+def load_results(path):
+    data = load_json(path, "results")
+    if not isinstance(data.get("benchmarks"), list):
+        raise ReportError(f"results file '{path}' has no \"benchmarks\" list "
+                          "(is it Google Benchmark / memtrade JSON output?)")
+    if not isinstance(data.get("context"), dict):
+        data["context"] = {}
+    return data
+
+
+@dataclass
+class Case:
+    """One benchmark name (all its repetitions) in one results file."""
+    name: str
+    suite: str
+    technique: str
+    impl: str
+    role: str
+    backend: str
+    case_id: str
+    params: dict
+    x: object
+    status: str = "ok"
+    detail: str = ""
+    times: list = field(default_factory=list)   # seconds, one per ok repetition
+    counters: dict = field(default_factory=dict)
+
+    @property
+    def ok(self):
+        return self.status == "ok"
+
+    @property
+    def median_time(self):
+        return float(np.median(self.times)) if self.times else None
+
+
+def _is_counter(key):
+    return (key in ("peak_bytes", "peak_extra_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
+                    "nan_count", "inf_count", "tflops", "gbytes_per_s")
+            or key.startswith("peak_bytes_") or key.startswith("frac_of_"))
+
+
+def _entry_status(e):
+    st = e.get("status")
+    if not st:
+        st = "error" if e.get("error_occurred") else ("skipped" if e.get("skipped") else "ok")
+    detail = e.get("status_detail") or e.get("error_message") or e.get("skip_message") or ""
+    return str(st), str(detail)
+
+
+def collect_cases(results):
+    """Group entries by run_name into Case objects (keeps file order)."""
+    suites = results["context"].get("memtrade", {}).get("suites", {}) or {}
+    cases, medians = {}, {}
+    for e in results["benchmarks"]:
+        if not isinstance(e, dict) or "name" not in e:
+            continue
+        name = e.get("run_name") or e["name"]
+        c = cases.get(name)
+        if c is None:
+            parts = name.split("/")
+            suite = e.get("suite") or parts[0]
+            params = e.get("case") if isinstance(e.get("case"), dict) else {}
+            if not params and len(parts) >= 3:
+                params = dict(kv.split("=", 1) for kv in parts[1].split(",") if "=" in kv)
+            xp = (suites.get(suite) or {}).get("x_param")
+            x = e.get("x", params.get(xp) if xp else None)
+            tech = e.get("technique") or (suites.get(suite) or {}).get("technique") or suite
+            case_id = e.get("case_id") or ",".join(f"{k}={v}" for k, v in params.items())
+            c = cases[name] = Case(name=name, suite=suite, technique=tech, impl=e.get("impl") or parts[-1],
+                                   role=e.get("role", ""), backend=e.get("backend", ""), case_id=case_id,
+                                   params=params, x=x if _isnum(x) else None)
+        st, detail = _entry_status(e)
+        if st != "ok" and c.status == "ok":
+            c.status, c.detail = st, detail
+        scale = TIME_UNITS.get(e.get("time_unit", "ns"), 1e-9)
+        run_type = e.get("run_type", "iteration")
+        if run_type == "aggregate":
+            if e.get("aggregate_name") == "median":
+                if _isnum(e.get("real_time")):
+                    medians[name] = e["real_time"] * scale
+                for k, v in e.items():
+                    if _is_counter(k) and _isnum(v):
+                        c.counters.setdefault("_agg_" + k, v)
+            continue
+        if st == "ok" and _isnum(e.get("real_time")):
+            c.times.append(e["real_time"] * scale)
+        for k, v in e.items():
+            if _is_counter(k) and _isnum(v):
+                c.counters.setdefault(k, []).append(v)
+    for name, c in cases.items():
+        if not c.times and name in medians and c.ok:
+            c.times = [medians[name]]
+        agg = {k[5:]: v for k, v in c.counters.items() if k.startswith("_agg_")}
+        reps = {k: float(np.median(v)) for k, v in c.counters.items() if not k.startswith("_agg_")}
+        c.counters = {**agg, **reps}
+    return list(cases.values())
+
+
+# ---------------------------------------------------------------- series
+
+def x_info(results, technique, cases):
+    """(x_param, x_label) from the suite context, else the case param that always equals x."""
+    suites = results["context"].get("memtrade", {}).get("suites", {}) or {}
+    for s in suites.values():
+        if isinstance(s, dict) and s.get("technique") == technique and s.get("x_param"):
+            return s["x_param"], s.get("x_label") or s["x_param"]
+    with_x = [c for c in cases if c.x is not None]
+    for key in (with_x[0].params if with_x else {}):
+        if all(str(c.params.get(key)) == f"{c.x:g}" or c.params.get(key) == c.x for c in with_x):
+            return key, key
+    return "x", "x"
+
+
+def build_series(cases, x_param):
+    """{label: [Case sorted by x]} for one technique."""
+    multi_suite = len({c.suite for c in cases}) > 1
+    multi_backend = len({c.backend for c in cases}) > 1
+    series = {}
+    for c in cases:
+        rest = " ".join(f"{k}={v}" for k, v in c.params.items() if k != x_param)
+        label = " ".join(p for p in (c.suite if multi_suite else "", c.impl, rest,
+                                     f"[{c.backend}]" if multi_backend else "") if p)
+        series.setdefault(label, []).append(c)
+    for lst in series.values():
+        lst.sort(key=lambda c: (c.x is None, c.x or 0))
+    return series
+
+
+def series_colors(labels):
+    cyc = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {lab: cyc[i % len(cyc)] for i, lab in enumerate(labels)}
+
+
+def pareto_front(points):
+    """points: [(t, m, label)] -> non-dominated subset (minimise both), sorted by t."""
+    front = [p for p in points
+             if not any(q[0] <= p[0] and q[1] <= p[1] and (q[0] < p[0] or q[1] < p[1]) for q in points)]
+    return sorted(front)
+
+
+# ---------------------------------------------------------------- plotting
+
+def fig_to_img(fig, alt):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    b64 = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img class="plot" alt="{esc(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def figure(caption_html, img):
+    cap = f"<figcaption>{caption_html}</figcaption>" if caption_html else ""
+    return f"<figure>{img}{cap}</figure>"
+
+
+def set_log_axis(ax, which, values, kind):
+    """Log axis with human-readable tick labels: kind in bytes|seconds|plain."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    set_scale = ax.set_yscale if which == "y" else ax.set_xscale
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    span = math.log10(max(vals) / min(vals)) if vals else 0
+    if kind == "bytes":
+        set_scale("log", base=2)
+        subs = (1.0, 1.5) if span < math.log10(6) else (1.0,)
+        axis.set_major_locator(ticker.LogLocator(base=2, subs=subs, numticks=10))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
+    else:
+        set_scale("log")
+        subs = (1.0, 2.0, 5.0) if span < 1.5 else (1.0,)
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
+        fmt = fmt_seconds if kind == "seconds" else (lambda v: f"{v:.0e}" if span >= 1.5 else f"{v:.2g}")
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt(v)))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def set_x_axis(ax, series, x_label):
+    xs = sorted({c.x for lst in series.values() for c in lst if c.x is not None})
+    if xs and xs[0] > 0:
+        ax.set_xscale("log", base=2)
+        if len(xs) <= 8:
+            ax.set_xticks(xs)
+        else:
+            ax.xaxis.set_major_locator(ticker.LogLocator(base=2, numticks=8))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel(f"{x_label} (log)")
+
+
+def place_legend(fig, ax, n):
+    """Inside the axes for a few entries; below the axes (figure grows) for many."""
+    if n <= 6:
+        ax.legend(fontsize=8)
+        return
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * math.ceil(n / 2))
+
+
+def line_plot(series, colors, x_label, value_fn, title, ylabel, kind, errbars=None):
+    """Generic per-series line plot; returns (img_html or None, n_plotted_points)."""
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
+    allv, n = [], 0
+    for label, lst in series.items():
+        pts = [(c.x, value_fn(c), c) for c in lst if c.ok and c.x is not None]
+        pts = [(x, v, c) for x, v, c in pts if plottable(v)]
+        if not pts:
+            continue
+        xs, vs = [p[0] for p in pts], [p[1] for p in pts]
+        allv += vs
+        n += len(pts)
+        if errbars:
+            lo = [v - min(errbars(c)) for _, v, c in pts]
+            hi = [max(errbars(c)) - v for _, v, c in pts]
+            allv += [min(errbars(c)) for *_, c in pts] + [max(errbars(c)) for *_, c in pts]
+            ax.errorbar(xs, vs, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=label, color=colors[label])
+        else:
+            ax.plot(xs, vs, marker="o", ms=4, label=label, color=colors[label])
+    if n == 0:
+        plt.close(fig)
+        return None, 0
+    set_x_axis(ax, series, x_label)
+    set_log_axis(ax, "y", allv, kind)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    place_legend(fig, ax, len(ax.get_legend_handles_labels()[0]))
+    fig.tight_layout()
+    return fig_to_img(fig, title), n
+
+
+def tradeoff_plot(series, colors, x_param):
+    """Memory-vs-time scatter at the largest x with >= 2 usable points, with Pareto front."""
+    by_x = {}
+    for label, lst in series.items():
+        for c in lst:
+            if c.ok and c.x is not None and c.median_time and _isnum(c.counters.get("peak_bytes")):
+                by_x.setdefault(c.x, []).append((c.median_time, c.counters["peak_bytes"], label))
+    usable = [x for x, pts in by_x.items() if len(pts) >= 2]
+    if not usable:
+        return None, "No value of the sweep has two or more ok cases with both time and peak memory; no trade-off plot."
+    x = max(usable)
+    pts = by_x[x]
+    front = pareto_front(pts)
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
+    for t, m, label in pts:
+        on = (t, m, label) in front
+        ax.scatter([t], [m], s=70 if on else 40, color=colors[label], label=label,
+                   edgecolors="black" if on else "none", linewidths=1.2, zorder=3)
+        ax.annotate(label, (t, m), textcoords="offset points", xytext=(6, 5), fontsize=8)
+    if len(front) > 1:
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="#444",
+                linestyle="--", linewidth=1.2, label="Pareto front", zorder=2)
+    else:
+        ax.plot([], [], color="#444", linestyle="--", label="Pareto front (single point)")
+    set_log_axis(ax, "x", [p[0] for p in pts], "seconds")
+    set_log_axis(ax, "y", [p[1] for p in pts], "bytes")
+    ax.margins(0.25)
+    ax.set_xlabel("median time per iteration (log)")
+    ax.set_ylabel("peak memory (log2)")
+    ax.set_title(f"memory vs time trade-off at {x_param}={x:g}")
+    ax.grid(True, which="major", alpha=0.3)
+    place_legend(fig, ax, len(pts) + 1)
+    fig.tight_layout()
+    names = ", ".join(p[2] for p in front)
+    cap = (f"Each series at {esc(x_param)}={x:g} (largest value with ≥ 2 ok cases). "
+           f"Outlined points are Pareto-optimal (no other point is both faster and smaller): {esc(names)}.")
+    return fig_to_img(fig, f"trade-off {x_param}={x:g}"), cap
+
+
+# ---------------------------------------------------------------- sections
+
+def context_table(idx, path, results, is_current):
+    ctx = results["context"]
+    mt = ctx.get("memtrade", {}) or {}
+    suites = mt.get("suites", {}) or {}
+    commit = mt.get("git_commit") or "—"
+    if mt.get("git_dirty"):
+        commit += " (dirty)"
+    cpu = mt.get("cpu_model") or "—"
+    cores = mt.get("cpu_cores") or ctx.get("num_cpus")
+    if cores:
+        cpu += f", {cores} cores"
+    if ctx.get("mhz_per_cpu"):
+        cpu += f", {ctx['mhz_per_cpu']} MHz"
+    gpu = mt.get("gpu_name")
+    gpu = (f"{gpu}, driver {mt.get('gpu_driver') or '?'}, CUDA {mt.get('cuda_runtime') or '?'}"
+           if gpu else "none")
+    cap = mt.get("capacity_bytes")
+    cap = f"{fmt_bytes(cap)} ({cap} B)" if _isnum(cap) else "not limited"
+    ceil = mt.get("ceilings") or {}
+    ceil_html = "<br>".join(f"{esc(k)}: <b>{esc(fmt_ceiling(k, v))}</b>" for k, v in ceil.items()) or "—"
+    suite_html = "<br>".join(f"<b>{esc(k)}</b> ({esc((v or {}).get('technique', ''))}) "
+                             f"<span class='muted'>{esc((v or {}).get('description', ''))}</span>"
+                             for k, v in suites.items()) or "—"
+    rows = [("file", esc(path) + (" <b>(current)</b>" if is_current else "")),
+            ("suite(s)", suite_html), ("profile", esc(mt.get("profile", "—"))),
+            ("backend", esc(mt.get("backend", "—"))), ("commit", esc(commit)),
+            ("date", esc(ctx.get("date", "—"))), ("host", esc(ctx.get("host_name", "—"))),
+            ("machine class", esc(mt.get("machine_class", "—"))),
+            ("compiler", esc(mt.get("compiler", "—"))), ("build type", esc(mt.get("build_type", "—"))),
+            ("CXX flags", esc(mt.get("cxx_flags", "—"))), ("CPU", esc(cpu)), ("GPU", esc(gpu)),
+            ("repetitions", esc(mt.get("repetitions", "—"))), ("memory capacity", esc(cap)),
+            ("ceilings", ceil_html), ("entries", esc(len(results["benchmarks"])))]
+    warn = ('<p class="synthetic">SYNTHETIC DATA: this results file was generated for testing; '
+            'its numbers are not measurements.</p>' if mt.get("synthetic") else "")
+    return (f"<div><h3>#{idx + 1}: {esc(os.path.basename(path))}</h3>{warn}"
+            + table(["field", "value"], [[esc(k), v] for k, v in rows]) + "</div>")
+
+
+def compare_section(cmp, path):
+    rows = [r for r in cmp.get("rows", []) if isinstance(r, dict)]
+    nreg = cmp.get("regressions")
+    if not _isnum(nreg):
+        nreg = sum(1 for r in rows if r.get("verdict") == "regression")
+    out = ['<section id="regressions"><h2>Regressions against baseline</h2>',
+           f"<p class='muted'>baseline: {esc(cmp.get('baseline', '?'))} &nbsp; current: "
+           f"{esc(cmp.get('current', '?'))} &nbsp; time mode: {esc(cmp.get('time_mode', '?'))} "
+           f"&nbsp; compare file: {esc(path)}</p>"]
+    if cmp.get("same_machine_class") is False:
+        out.append('<p class="warn">Baseline and current ran on different machine classes; '
+                   'time comparisons are not meaningful.</p>')
+    if cmp.get("time_mode") == "report":
+        out.append('<p class="note">Time mode "report": time changes are informational and do not gate.</p>')
+    out.append(f'<p class="big-bad">{int(nreg)} regression{"s" if nreg != 1 else ""}</p>' if nreg
+               else '<p class="big-ok">No regressions: 0 regressions against baseline.</p>')
+    notok = [r for r in rows if r.get("verdict") != "ok"]
+    counts = {}
+    for r in rows:
+        counts[r.get("verdict", "?")] = counts.get(r.get("verdict", "?"), 0) + 1
+    out.append("<p>" + esc(", ".join(f"{v}: {n}" for v, n in sorted(counts.items())) or "no rows") + "</p>")
+    if notok:
+        notok.sort(key=lambda r: (r.get("verdict") != "regression", r.get("verdict") != "improved"))
+
+        def val(r, k):
+            v = r.get(k)
+            return esc(fmt_bytes(v) if "bytes" in str(r.get("metric", "")) and _isnum(v) else fmt_num(v, ".4g"))
+        out.append(table(["name", "metric", "baseline", "current", "change", "verdict", "detail"],
+                         [[esc(r.get("name")), esc(r.get("metric")), (val(r, "baseline"), "num"),
+                           (val(r, "current"), "num"), (esc(r.get("change", "")), "num"),
+                           esc(r.get("verdict")), esc(r.get("detail", ""))] for r in notok],
+                         [str(r.get("verdict", "")) for r in notok]))
+    else:
+        out.append("<p>All compared rows are ok.</p>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def throughput_cell(c):
+    if _isnum(c.counters.get("tflops")):
+        s = fmt_si(c.counters["tflops"] * 1e12, "FLOP/s")
+    elif _isnum(c.counters.get("gbytes_per_s")):
+        s = fmt_si(c.counters["gbytes_per_s"] * 1e9, "B/s")
+    else:
+        return "—"
+    fracs = [f"{fmt_num(v * 100)}% of {k[len('frac_of_'):].replace('_ceiling', '')} ceiling"
+             for k, v in c.counters.items() if k.startswith("frac_of_") and _isnum(v)]
+    return esc(s) + "".join(f"<br><span class='muted nowrap'>{esc(f)}</span>" for f in fracs)
+
+
+def err_cell(c, key):
+    s = fmt_num(c.counters.get(key), ".2e")
+    if key == "rel_l2_err":
+        for k in ("nan_count", "inf_count"):
+            if c.counters.get(k):
+                s += f" ({c.counters[k]:g} {k.split('_')[0]})"
+    return (esc(s), "num")
+
+
+def cases_table(series):
+    rows = []
+    for label, lst in series.items():
+        for c in lst:
+            st = esc(c.status) + (f": {esc(c.detail)}" if c.detail else "")
+            t = c.median_time
+            t_html = esc(fmt_seconds(t)) + (f" <span class='muted'>(n={len(c.times)})</span>" if t else "")
+            rows.append([esc(c.case_id), esc(c.impl), esc(c.role), esc(c.backend), (st, f"st-{esc(c.status)}"),
+                         (esc(fmt_bytes(c.counters.get("peak_bytes"))), "num"),
+                         (esc(fmt_bytes(c.counters.get("peak_extra_bytes"))), "num"),
+                         (t_html, "num"), throughput_cell(c),
+                         err_cell(c, "max_abs_err"), err_cell(c, "rel_l2_err")])
+    return table(["case", "impl", "role", "backend", "status", "peak bytes", "extra bytes",
+                  "median time", "throughput", "max_abs_err", "rel_l2_err"], rows)
+
+
+def technique_section(tech, path, results, cases):
+    x_param, x_label = x_info(results, tech, cases)
+    series = build_series(cases, x_param)
+    colors = series_colors(list(series))
+    nonok = [c for c in cases if not c.ok]
+    figs = []
+    img, _ = line_plot(series, colors, x_label, lambda c: c.counters.get("peak_bytes"),
+                       f"{tech}: peak memory", "peak memory (bytes, log2)", "bytes")
+    figs.append(figure("Peak bytes held during one iteration (io + workspace).", img) if img else "")
+    img, _ = line_plot(series, colors, x_label, lambda c: c.median_time, f"{tech}: median time",
+                       "median time per iteration (log)", "seconds", errbars=lambda c: c.times)
+    figs.append(figure("Median real time over repetitions; bars span min..max.", img) if img else "")
+    img, n = line_plot(series, colors, x_label, lambda c: c.counters.get("rel_l2_err"),
+                       f"{tech}: numeric error", "relative L2 error (log)", "plain")
+    skipped = []
+    for lab, lst in series.items():
+        bad = [c for c in lst if c.ok and not plottable(c.counters.get("rel_l2_err"))]
+        if bad:
+            skipped.append(f"{lab} ({len(bad)} point{'s' if len(bad) > 1 else ''})")
+    note = ("Not plotted (error 0, absent or NaN; log scale): " + esc(", ".join(skipped)) + ".") if skipped else ""
+    figs.append(figure("rel_l2_err vs the reference. " + note, img) if img else
+                f"<p class='note'>No non-zero finite rel_l2_err values to plot. {note}</p>")
+    img, cap = tradeoff_plot(series, colors, x_param)
+    figs.append(figure(cap, img) if img else f"<p class='note'>{esc(cap)}</p>")
+    desc = "; ".join(esc((s or {}).get("description", "")) for s in
+                     (results["context"].get("memtrade", {}).get("suites", {}) or {}).values()
+                     if (s or {}).get("technique") == tech)
+    out = [f'<section id="tech-{esc(tech)}"><h2>Technique: {esc(tech)}</h2>',
+           f"<p class='muted'>{desc} &nbsp; data: {esc(path)} &nbsp; x = {esc(x_param)}</p>"]
+    if nonok:
+        out.append(f"<p class='note'>{len(nonok)} case(s) did not produce measurements "
+                   f"({esc(', '.join(sorted({c.status for c in nonok})))}); they are omitted from "
+                   "plots and listed in the table.</p>")
+    if not any(c.ok for c in cases):
+        out.append("<p class='warn'>No ok cases for this technique; nothing to plot.</p>")
+    out.append('<div class="plots">' + "\n".join(f for f in figs if f) + "</div>")
+    out.append(f"<h3>All cases: {esc(tech)}</h3>" + cases_table(series) + "</section>")
+    return "\n".join(out)
+
+
+def claims_section(all_results, paths):
+    merged = {}
+    for i, res in enumerate(all_results):
+        for cl in res.get("claims") or []:
+            if isinstance(cl, dict):
+                key = tuple(str(cl.get(k, "")) for k in ("id", "statement", "source", "measured",
+                                                          "expected", "verdict", "note"))
+                merged.setdefault(key, []).append(f"#{i + 1}")
+    out = ['<section id="claims"><h2>Claims</h2>']
+    if not merged:
+        out.append("<p>The suites run carry no claims.</p></section>")
+        return "\n".join(out)
+    multi = len(paths) > 1
+    rows = []
+    for key, files in merged.items():
+        cid, stmt, src, meas, exp, verdict, note = key
+        row = [esc(cid), esc(stmt), esc(src), esc(meas), esc(exp),
+               (esc(verdict.replace("_", " ")), f"v-{esc(verdict)}"), esc(note)]
+        rows.append(row + ([esc(", ".join(files))] if multi else []))
+    out.append(table(["claim", "statement", "source", "measured", "expected", "verdict", "note"]
+                     + (["results file"] if multi else []), rows) + "</section>")
+    return "\n".join(out)
+
+
+def trend_label(results, idx):
+    ctx = results["context"]
+    mt = ctx.get("memtrade", {}) or {}
+    commit = (mt.get("git_commit") or "?")[:7] + ("+" if mt.get("git_dirty") else "")
+    return f"#{idx + 1} {commit}\n{str(ctx.get('date', '?'))[:10]}"
+
+
+def trend_plot(names, per_file, labels, value_fn, title, ylabel, kind):
+    fig, ax = plt.subplots(figsize=(6.2, 5.2))
+    allv = []
+    xs = list(range(len(labels)))
+    for name in names:
+        vals = []
+        for cases in per_file:
+            c = cases.get(name)
+            v = value_fn(c) if c is not None and c.ok else None
+            vals.append(v if _isnum(v) and v > 0 else np.nan)
+        allv += [v for v in vals if not np.isnan(v)]
+        ax.plot(xs, vals, marker="o", ms=4, label=name)
+    if not allv:
+        plt.close(fig)
+        return None
+    set_log_axis(ax, "y", allv, kind)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xlim(-0.3, len(labels) - 0.7)
+    ax.set_xlabel("results file (commit, date) in the order given")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    fig.tight_layout()
+    return fig_to_img(fig, title)
+
+
+def trends_section(tech_files, all_results, all_cases, max_series=8):
+    out = ['<section id="trends"><h2>Trends</h2>',
+           "<p class='note'>Across results files in the order given; gaps mean the case was absent or not ok. "
+           f"Up to {max_series} benchmarks per technique, those at the largest x.</p>"]
+    any_plot = False
+    for tech, idxs in tech_files.items():
+        if len(idxs) < 2:
+            continue
+        per_file = [{c.name: c for c in all_cases[i] if c.technique == tech} for i in idxs]
+        current = sorted(per_file[-1].values(), key=lambda c: (not c.ok, -(c.x or 0), c.name))
+        names = [c.name for c in current[:max_series]]
+        labels = [trend_label(all_results[i], i) for i in idxs]
+        out.append(f"<h3>{esc(tech)}</h3><div class='plots'>")
+        metrics = ((lambda c: c.median_time, "median time", "median time per iteration (log)", "seconds"),
+                   (lambda c: c.counters.get("peak_bytes"), "peak memory", "peak memory (bytes, log2)", "bytes"))
+        for fn, title, ylabel, kind in metrics:
+            img = trend_plot(names, per_file, labels, fn, f"{tech}: {title} across runs", ylabel, kind)
+            if img:
+                out.append(figure("", img))
+                any_plot = True
+        out.append("</div>")
+    if not any_plot:
+        out.append("<p>No technique appears in two or more results files with ok measurements.</p>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- main
+
+def build_report(paths, all_results, compare=None, compare_path=None):
+    all_cases = [collect_cases(r) for r in all_results]
+    tech_files = {}  # technique -> indices of files containing it (given order)
+    for i, cases in enumerate(all_cases):
+        for t in dict.fromkeys(c.technique for c in cases):
+            tech_files.setdefault(t, []).append(i)
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    nav = ['<a href="#context">Run context</a>'] + [f'<a href="#tech-{esc(t)}">{esc(t)}</a>' for t in tech_files]
+    nav += ['<a href="#claims">Claims</a>'] + (['<a href="#trends">Trends</a>'] if len(paths) > 1 else [])
+    if compare is not None:
+        nav.insert(0, '<a href="#regressions">Regressions</a>')
+    body = [f"<h1>memtrade report</h1><p class='muted'>Generated {esc(now)} from {len(paths)} results "
+            f"file(s). Per-technique plots use the last file containing the technique.</p>",
+            "<nav>" + "".join(nav) + "</nav>"]
+    if compare is not None:
+        body.append(compare_section(compare, compare_path))
+    cur_idx = {t: idxs[-1] for t, idxs in tech_files.items()}
+    body.append('<section id="context"><h2>Run context</h2><div class="ctx-wrap">'
+                + "".join(context_table(i, p, r, i == len(paths) - 1 or i in cur_idx.values())
+                          for i, (p, r) in enumerate(zip(paths, all_results))) + "</div></section>")
+    if not tech_files:
+        body.append("<p class='warn'>The results contain no benchmark entries.</p>")
+    for tech, i in cur_idx.items():
+        body.append(technique_section(tech, paths[i], all_results[i],
+                                      [c for c in all_cases[i] if c.technique == tech]))
+    body.append(claims_section(all_results, paths))
+    if len(paths) > 1:
+        body.append(trends_section(tech_files, all_results, all_cases))
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>memtrade report</title><style>{CSS}</style>"
+            f"<script>{LOAD_CHECK_JS}</script></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Render memtrade results JSON as a self-contained HTML report.")
+    ap.add_argument("results", nargs="+", help="results JSON file(s); the last is 'current'")
+    ap.add_argument("--compare", help="JSON from `memtrade compare --json`")
+    ap.add_argument("-o", "--output", required=True, help="output HTML path")
+    args = ap.parse_args(argv)
+    try:
+        all_results = [load_results(p) for p in args.results]
+        compare = load_json(args.compare, "compare") if args.compare else None
+        if compare is not None and not isinstance(compare.get("rows", []), list):
+            raise ReportError(f"compare file '{args.compare}' has a \"rows\" field that is not a list")
+        page = build_report(args.results, all_results, compare, args.compare)
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(page)
+        except OSError as e:
+            raise ReportError(f"cannot write output '{args.output}': {e.strerror}") from None
+    except ReportError as e:
+        print(f"report.py: error: {e}", file=sys.stderr)
+        return 2
+    nplots = page.count('<img class="plot"')
+    print(f"report.py: wrote {args.output} ({len(page) / 1024:.0f} KiB, {nplots} plots)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

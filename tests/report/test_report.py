@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Render test for scripts/report.py: static HTML checks plus a headless-Chromium render.
+
+    python3 tests/report/test_report.py --report-script scripts/report.py \
+        [--results R1.json ...] [--workdir DIR]
+
+Without --results, two synthetic fixtures are generated with make_fixture.py
+(variants 0 and 1).  A compare JSON is written next to them.  Needs chromium
+on PATH (Debian: apt-get install chromium) and Pillow.  Exits non-zero with a
+message at the first failing check; prints "report render test: N checks
+passed" on success.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHROMIUM_NAMES = ("chromium", "chromium-browser")
+CHROMIUM_TIMEOUT_S = 120
+WINDOW = "--window-size=1400,3000"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+class Checks:
+    def __init__(self):
+        self.passed = 0
+
+    def ok(self, cond, what, detail=""):
+        if not cond:
+            raise CheckFailed(what + (f"\n  {detail}" if detail else ""))
+        self.passed += 1
+        print(f"  ok: {what}")
+
+
+def run(cmd, timeout=300):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def find_chromium():
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise CheckFailed("chromium not found on PATH; the render test needs it. "
+                      "Install it (Debian/Ubuntu: apt-get install chromium) and rerun.")
+
+
+def chromium_cmd(chromium, workdir, *extra):
+    return [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--hide-scrollbars", "--force-device-scale-factor=1", "--no-first-run",
+            f"--user-data-dir={os.path.join(workdir, 'chromium-profile')}",
+            "--virtual-time-budget=5000", *extra]
+
+
+def make_fixtures(workdir):
+    paths = []
+    for variant in (0, 1):
+        out = os.path.join(workdir, f"fixture-v{variant}.json")
+        r = run([sys.executable, os.path.join(HERE, "make_fixture.py"), out, "--variant", str(variant)])
+        if r.returncode != 0:
+            raise CheckFailed(f"make_fixture.py failed (rc={r.returncode}):\n{r.stderr}")
+        paths.append(out)
+    return paths
+
+
+def benchmark_names(results_path):
+    with open(results_path) as f:
+        data = json.load(f)
+    return list(dict.fromkeys(e.get("run_name") or e["name"] for e in data["benchmarks"]
+                              if e.get("run_type", "iteration") == "iteration"))
+
+
+def write_compare(path, baseline, current, regressions):
+    names = benchmark_names(current) or ["gemm/n=64,dtype=fp32/openblas"]
+    names = (names * 4)[:4]
+    rows = [
+        {"name": names[0], "metric": "peak_bytes", "baseline": 786432, "current": 1048576,
+         "change": "+33.3%", "verdict": "regression" if regressions else "ok", "detail": "exceeds 0% tolerance"},
+        {"name": names[1], "metric": "time", "baseline": 0.00123, "current": 0.00101, "change": "-17.9%",
+         "verdict": "improved", "detail": "p=0.0004 (Mann-Whitney U)"},
+        {"name": names[2], "metric": "rel_l2_err", "baseline": 1.1e-6, "current": 1.1e-6, "change": "+0.0%",
+         "verdict": "ok", "detail": ""},
+        {"name": names[3] + "/gone", "metric": "status", "baseline": "ok", "current": "", "change": "",
+         "verdict": "missing", "detail": "not in current"},
+    ]
+    with open(path, "w") as f:
+        json.dump({"baseline": baseline, "current": current, "time_mode": "report",
+                   "same_machine_class": True, "rows": rows, "regressions": regressions}, f, indent=1)
+
+
+def check_static(checks, html, n_results):
+    ext = re.findall(r"""(?:src|href)\s*=\s*["']?\s*https?://[^"'\s>]*""", html, re.I)
+    ext += re.findall(r"""url\(\s*["']?https?://""", html, re.I)
+    checks.ok(not ext, "no http(s):// src/href/url() references", f"found: {ext[:5]}")
+    checks.ok(not re.search(r"<script[^>]+src\s*=|<link[^>]+href\s*=", html, re.I),
+              "no external <script src> / <link href>")
+    headings = ["Regressions against baseline", "Run context", "Technique: ", "All cases: ", "Claims"]
+    if n_results >= 2:
+        headings.append("Trends")
+    missing = [h for h in headings if not re.search(r"<h[1-3][^>]*>" + re.escape(h), html)]
+    checks.ok(not missing, "section headings present: " + ", ".join(headings), f"missing: {missing}")
+    srcs = re.findall(r'<img class="plot"[^>]*\ssrc="([^"]{0,40})', html)
+    checks.ok(len(srcs) >= 4 and all(s.startswith("data:image/png;base64,") for s in srcs),
+              f"{len(srcs)} plot <img> elements, all PNG data: URIs")
+    checks.ok('<tr class="regression">' in html, "regression row highlighted in the compare table")
+    return len(srcs)
+
+
+def check_errors(checks, report, workdir, good_results):
+    """Bad inputs: exit code 2, message naming the file, no traceback."""
+    bad_json = os.path.join(workdir, "not-json.json")
+    with open(bad_json, "w") as f:
+        f.write("{ this is not json")
+    no_bench = os.path.join(workdir, "no-benchmarks.json")
+    with open(no_bench, "w") as f:
+        json.dump({"context": {}}, f)
+    missing = os.path.join(workdir, "does-not-exist.json")
+    out = os.path.join(workdir, "bad.html")
+    for bad, what in ((missing, "missing file"), (bad_json, "invalid JSON"), (no_bench, "no benchmarks")):
+        r = run([sys.executable, report, good_results, bad, "-o", out])
+        checks.ok(r.returncode == 2 and bad in r.stderr and "Traceback" not in r.stderr,
+                  f"{what}: exit 2, names the file, no traceback",
+                  f"rc={r.returncode} stderr={r.stderr.strip()[-600:]}")
+
+
+def check_render(checks, chromium, workdir, html_path, n_plots):
+    url = "file://" + os.path.abspath(html_path)
+    # Same window size as the screenshot so the first plot's rectangle matches its layout.
+    r = run(chromium_cmd(chromium, workdir, "--dump-dom", WINDOW, url), timeout=CHROMIUM_TIMEOUT_S)
+    body = re.search(r"<body[^>]*>", r.stdout)
+    checks.ok(r.returncode == 0 and body, "chromium --dump-dom produced a <body>",
+              f"rc={r.returncode} stderr tail: {r.stderr.strip()[-800:]}")
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(0)))
+    loaded, total = attrs.get("data-plots-loaded"), attrs.get("data-plots-total")
+    checks.ok(loaded is not None and loaded == total and int(total) >= 4 and int(total) == n_plots,
+              f"all plots decoded in the browser (data-plots-loaded={loaded}, data-plots-total={total})",
+              f"body attributes: {attrs}")
+    rect = [int(v) for v in attrs.get("data-first-plot-rect", "0,0,0,0").split(",")]
+
+    shot = os.path.join(workdir, "screenshot.png")
+    if os.path.exists(shot):
+        os.remove(shot)
+    r = run(chromium_cmd(chromium, workdir, f"--screenshot={shot}", WINDOW, url),
+            timeout=CHROMIUM_TIMEOUT_S)
+    checks.ok(r.returncode == 0 and os.path.isfile(shot), f"chromium screenshot written ({shot})",
+              f"rc={r.returncode} stderr tail: {r.stderr.strip()[-800:]}")
+    try:
+        from PIL import Image
+    except ImportError:
+        raise CheckFailed("Pillow is not installed (pip install Pillow)") from None
+    im = Image.open(shot).convert("RGB")
+    sx = im.width / 1400.0
+    x, y, w, h = (round(v * sx) for v in rect)
+    checks.ok(w > 100 and h > 100 and y + h <= im.height,
+              f"first plot lies inside the 1400x3000 screenshot (rect {rect})",
+              f"screenshot size {im.size}; move the plots up or enlarge the window")
+    crop = im.crop((x, y, x + w, y + h))
+    coloured = c0 = c1 = 0
+    px = crop.tobytes()
+    for r_, g_, b_ in zip(px[0::3], px[1::3], px[2::3]):
+        if max(r_, g_, b_) - min(r_, g_, b_) >= 80:
+            coloured += 1
+            if abs(r_ - 31) + abs(g_ - 119) + abs(b_ - 180) < 90:
+                c0 += 1
+            elif abs(r_ - 255) + abs(g_ - 127) + abs(b_ - 14) < 90:
+                c1 += 1
+    checks.ok(coloured >= 300 and c0 >= 30,
+              f"first plot is not blank ({coloured} coloured px, {c0} C0-blue, {c1} C1-orange)",
+              "expected matplotlib line colours inside the first plot's rectangle")
+
+
+def check_single_file(checks, report, workdir, results):
+    """One results file + a compare with zero regressions: 'No regressions', no trends."""
+    cmp0 = os.path.join(workdir, "compare-clean.json")
+    write_compare(cmp0, results, results, regressions=0)
+    out = os.path.join(workdir, "report-single.html")
+    r = run([sys.executable, report, results, "--compare", cmp0, "-o", out])
+    checks.ok(r.returncode == 0, "single-file report with a clean compare runs", r.stderr[-800:])
+    with open(out, encoding="utf-8") as f:
+        html = f.read()
+    checks.ok("No regressions" in html and 'id="trends"' not in html,
+              "clean compare says 'No regressions'; single file has no Trends section")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Render test for the memtrade HTML report.")
+    ap.add_argument("--report-script", required=True, help="path to scripts/report.py")
+    ap.add_argument("--results", nargs="+", help="results JSON files (default: two synthetic fixtures)")
+    ap.add_argument("--workdir", help="scratch directory (default: a new temp dir, kept for inspection)")
+    args = ap.parse_args(argv)
+
+    checks = Checks()
+    try:
+        report = os.path.abspath(args.report_script)
+        if not os.path.isfile(report):
+            raise CheckFailed(f"report script '{args.report_script}' does not exist")
+        chromium = find_chromium()
+        workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="memtrade-report-test-"))
+        os.makedirs(workdir, exist_ok=True)
+        print(f"report render test: workdir {workdir}")
+        synthetic = not args.results
+        results = make_fixtures(workdir) if synthetic else [os.path.abspath(p) for p in args.results]
+
+        cmp_path = os.path.join(workdir, "compare.json")
+        write_compare(cmp_path, results[0], results[-1], regressions=1)
+        html_path = os.path.join(workdir, "report.html")
+        r = run([sys.executable, report, *results, "--compare", cmp_path, "-o", html_path])
+        checks.ok(r.returncode == 0 and os.path.isfile(html_path), "report.py exits 0 and writes the HTML",
+                  f"rc={r.returncode}\n{r.stdout[-400:]}{r.stderr[-1500:]}")
+        with open(html_path, encoding="utf-8") as f:
+            html = f.read()
+        n_plots = check_static(checks, html, len(results))
+        if synthetic:
+            checks.ok(re.search(r"<td[^>]*>NaN", html) and "SYNTHETIC DATA" in html,
+                      "NaN error rendered as 'NaN'; synthetic data flagged")
+        check_render(checks, chromium, workdir, html_path, n_plots)
+        check_errors(checks, report, workdir, results[-1])
+        check_single_file(checks, report, workdir, results[-1])
+    except CheckFailed as e:
+        print(f"report render test: FAILED after {checks.passed} passed check(s): {e}", file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired as e:
+        print(f"report render test: FAILED: timed out after {e.timeout}s: {' '.join(e.cmd[:3])} ...",
+              file=sys.stderr)
+        return 1
+    print(f"report render test: {checks.passed} checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

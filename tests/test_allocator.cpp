@@ -1,0 +1,130 @@
+#include <gtest/gtest.h>
+
+#include "harness/allocator.hpp"
+#include "harness/device.hpp"
+#include "harness/tensor.hpp"
+
+using namespace memtrade;
+
+TEST(Allocator, TracksLivePeakAndCountPerTag) {
+  auto dev = make_cpu_device();
+  auto& pool = dev->memory();
+  {
+    Buffer a(pool, 1000, Tag::weights);
+    Buffer b(pool, 24, Tag::activations);
+    EXPECT_EQ(pool.total().live, 1024u);
+    EXPECT_EQ(pool.total().count, 2u);
+    EXPECT_EQ(pool.by_tag(Tag::weights).live, 1000u);
+    EXPECT_EQ(pool.by_tag(Tag::activations).peak, 24u);
+    {
+      Buffer c(pool, 4096, Tag::activations);
+      EXPECT_EQ(pool.total().peak, 5120u);
+    }
+    EXPECT_EQ(pool.total().live, 1024u);
+    EXPECT_EQ(pool.total().peak, 5120u);  // peak survives the free
+    EXPECT_EQ(pool.by_tag(Tag::activations).peak, 4120u);
+    pool.reset_peak();
+    EXPECT_EQ(pool.total().peak, 1024u);
+    EXPECT_EQ(pool.by_tag(Tag::activations).peak, 24u);
+  }
+  EXPECT_EQ(pool.total().live, 0u);
+  EXPECT_EQ(pool.total().count, 0u);
+  EXPECT_EQ(pool.allocations_made(), 3u);
+  // The host pool is separate.
+  EXPECT_EQ(dev->host().total().peak, 0u);
+}
+
+TEST(Allocator, CapacityRaisesOutOfMemoryWithTheNumbers) {
+  auto dev = make_cpu_device();
+  auto& pool = dev->memory();
+  pool.set_capacity(10000);
+  Buffer a(pool, 6000, Tag::io);
+  try {
+    Buffer b(pool, 5000, Tag::kv);
+    FAIL() << "allocation past the capacity succeeded";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested, 5000u);
+    EXPECT_EQ(e.live, 6000u);
+    EXPECT_EQ(e.capacity, 10000u);
+    EXPECT_EQ(e.tag, "kv");
+    EXPECT_NE(std::string(e.what()).find("exceeds capacity 10000 B"), std::string::npos) << e.what();
+  }
+  // A failed request leaves the books untouched, and exactly the capacity still fits.
+  EXPECT_EQ(pool.total().live, 6000u);
+  Buffer c(pool, 4000, Tag::kv);
+  EXPECT_EQ(pool.total().peak, 10000u);
+  EXPECT_THROW(Buffer(pool, 1, Tag::kv), OutOfMemory);
+  // A request larger than the capacity itself does not overflow the check.
+  pool.set_capacity(100);
+  EXPECT_THROW(Buffer(pool, SIZE_MAX - 10, Tag::io), OutOfMemory);
+}
+
+TEST(Allocator, UnderlyingFailureIsOutOfMemoryNotACrash) {
+  TrackedAllocator pool("failing", [](std::size_t) -> void* { return nullptr; }, [](void*) {});
+  try {
+    Buffer b(pool, 64, Tag::io);
+    FAIL();
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("underlying allocator failed"), std::string::npos);
+  }
+  EXPECT_EQ(pool.total().live, 0u);
+}
+
+TEST(Allocator, BufferMoveTransfersOwnership) {
+  auto dev = make_cpu_device();
+  auto& pool = dev->memory();
+  Buffer a(pool, 128, Tag::grads);
+  void* p = a.data();
+  Buffer b = std::move(a);
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(pool.total().live, 128u);
+  b = Buffer(pool, 64, Tag::grads);
+  EXPECT_EQ(pool.total().live, 64u);
+  b.reset();
+  EXPECT_EQ(pool.total().live, 0u);
+  EXPECT_EQ(Buffer(pool, 0, Tag::io).data(), nullptr);  // zero bytes: nothing allocated
+  EXPECT_EQ(pool.total().count, 0u);
+}
+
+TEST(Tensor, RoundTripsThroughTheDeviceInEachDtype) {
+  auto dev = make_cpu_device();
+  const std::vector<double> v = {1.0, -2.5, 0.1, 65504.0, 1e-3, 3.0};
+  for (DType t : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    Tensor x = make_tensor(*dev, t, {2, 3}, Tag::io, v);
+    EXPECT_EQ(dev->memory().total().live, 6 * dtype_size(t));
+    const auto back = download(*dev, x.view());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double tol = t == DType::f64 ? 0 : t == DType::f32 ? 1e-7 : t == DType::f16 ? 1e-3 : 8e-3;
+      EXPECT_NEAR(back[i], v[i], tol * std::abs(v[i])) << dtype_name(t) << " element " << i;
+    }
+  }
+  EXPECT_EQ(dev->memory().total().live, 0u);
+}
+
+TEST(Tensor, ImpossibleShapesAreClearErrors) {
+  auto dev = make_cpu_device();
+  EXPECT_THROW(Tensor(*dev, DType::f32, {4, 0}, Tag::io), Error);
+  EXPECT_THROW(Tensor(*dev, DType::f32, {-3}, Tag::io), Error);
+  EXPECT_THROW(Tensor(*dev, DType::f32, {1, 2, 3, 4, 5}, Tag::io), Error);
+  try {
+    Shape s{2, -1};
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("impossible tensor shape"), std::string::npos);
+  }
+  Tensor x(*dev, DType::f32, {2, 2}, Tag::io);
+  const std::vector<double> three = {1, 2, 3};
+  EXPECT_THROW(upload(*dev, x.view(), three), Error);
+}
+
+TEST(Device, CudaWithoutADeviceIsASkipWithTheReason) {
+  const auto s = cuda_status();
+  if (s.available) GTEST_SKIP() << "a CUDA device is present: " << s.gpu_name;
+  EXPECT_EQ(s.reason.rfind("no CUDA device", 0), 0u) << s.reason;
+  try {
+    make_cuda_device();
+    FAIL();
+  } catch (const Skip& e) {
+    EXPECT_EQ(std::string(e.what()), s.reason);
+  }
+}

@@ -1,0 +1,163 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "harness/compare.hpp"
+
+using namespace memtrade;
+
+namespace {
+
+LoadedResults sample(const std::string& machine = "cpu|test machine|2 cores") {
+  LoadedResults r;
+  r.path = "sample.json";
+  r.context = Json{{"memtrade", {{"machine_class", {{"cpu", machine}}}}}};
+  for (const char* name : {"gemm/n=64,dtype=fp32/openblas", "gemm/n=128,dtype=fp32/openblas"}) {
+    Summary s;
+    s.name = name;
+    s.suite = s.technique = "gemm";
+    s.impl = "openblas";
+    s.backend = "cpu";
+    s.status = "ok";
+    s.counters = {{"peak_bytes", 49152}, {"peak_extra_bytes", 0}, {"peak_bytes_io", 49152},
+                  {"max_abs_err", 1e-6}, {"rel_l2_err", 2e-7}, {"nan_count", 0}};
+    for (int i = 0; i < 9; ++i) s.times_s.push_back(1e-3 * (1 + 0.01 * ((i * 7) % 5)));
+    r.cases.push_back(s);
+  }
+  return r;
+}
+
+int regressions_named(const CompareResult& r, const std::string& name, const std::string& metric) {
+  int n = 0;
+  for (const auto& row : r.rows) n += row.regression && row.name == name && row.metric == metric;
+  return n;
+}
+
+}  // namespace
+
+TEST(Compare, IdenticalResultsAreClean) {
+  const auto r = compare_results(sample(), sample(), {});
+  EXPECT_EQ(r.regressions, 0);
+  EXPECT_GT(r.checks, 10);
+  EXPECT_NE(format_compare(r, false).find("clean"), std::string::npos);
+}
+
+TEST(Compare, OneByteOfMemoryGrowthIsARegression) {
+  auto cur = sample();
+  cur.cases[1].counters["peak_bytes"] += 1;
+  const auto r = compare_results(sample(), cur, {});
+  EXPECT_EQ(r.regressions, 1);
+  EXPECT_EQ(regressions_named(r, "gemm/n=128,dtype=fp32/openblas", "peak_bytes"), 1);
+  EXPECT_NE(format_compare(r, false).find("gemm/n=128,dtype=fp32/openblas"), std::string::npos);
+  CompareOptions tolerant;
+  tolerant.memory_tolerance_bytes = 1;
+  EXPECT_EQ(compare_results(sample(), cur, tolerant).regressions, 0);
+  // Shrinking is an improvement, not a regression.
+  cur.cases[1].counters["peak_bytes"] -= 2;
+  EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 0);
+}
+
+TEST(Compare, DoubledTimesAreARegressionOnlyWhenTimeGates) {
+  auto cur = sample();
+  for (auto& t : cur.cases[0].times_s) t *= 2;
+  const auto gated = compare_results(sample(), cur, {});
+  EXPECT_EQ(regressions_named(gated, "gemm/n=64,dtype=fp32/openblas", "time"), 1);
+  EXPECT_EQ(gated.regressions, 1);
+  CompareOptions report_only;
+  report_only.time_gate = false;
+  const auto r = compare_results(sample(), cur, report_only);
+  EXPECT_EQ(r.regressions, 0);
+  bool slower = false;
+  for (const auto& row : r.rows) slower |= row.verdict == "slower";
+  EXPECT_TRUE(slower);
+}
+
+TEST(Compare, SmallSignificantSlowdownBelowTheEffectSizeIsNotARegression) {
+  auto cur = sample();
+  for (auto& t : cur.cases[0].times_s) t *= 1.05;  // significant (all 9 slower) but only 5%
+  EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 0);
+}
+
+TEST(Compare, TimeIsNotComparedAcrossMachineClasses) {
+  auto cur = sample("cpu|another machine|64 cores");
+  for (auto& t : cur.cases[0].times_s) t *= 3;
+  const auto r = compare_results(sample(), cur, {});
+  EXPECT_EQ(r.regressions, 0);
+  EXPECT_FALSE(r.same_machine_class);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes[0].find("machine class"), std::string::npos);
+}
+
+TEST(Compare, TooFewRepetitionsAreFlagged) {
+  auto base = sample(), cur = sample();
+  for (auto* r : {&base, &cur})
+    for (auto& c : r->cases) c.times_s.resize(3);
+  const auto r = compare_results(base, cur, {});
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes[0].find("too few repetitions"), std::string::npos);
+}
+
+TEST(Compare, ErrorGrowthNeedsRatioAndFloor) {
+  auto cur = sample();
+  cur.cases[0].counters["rel_l2_err"] = 5e-7;  // 2.5x but only +3e-7: under the 1e-6 floor
+  EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 0);
+  cur.cases[0].counters["max_abs_err"] = 1e-5;  // 10x and +9e-6
+  auto r = compare_results(sample(), cur, {});
+  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "max_abs_err"), 1);
+  cur = sample();
+  cur.cases[0].counters["rel_l2_err"] = std::nan("");
+  r = compare_results(sample(), cur, {});
+  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "rel_l2_err"), 1);
+  cur = sample();
+  cur.cases[0].counters["nan_count"] = 3;
+  EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 1);
+}
+
+TEST(Compare, MissingNewAndStatusChangedCasesAreListed) {
+  auto cur = sample();
+  cur.cases.pop_back();
+  Summary extra = sample().cases[0];
+  extra.name = "gemm/n=256,dtype=fp32/openblas";
+  cur.cases.push_back(extra);
+  auto r = compare_results(sample(), cur, {});
+  EXPECT_EQ(r.regressions, 1);  // the missing case
+  bool saw_new = false, saw_missing = false;
+  for (const auto& row : r.rows) {
+    saw_new |= row.verdict == "new";
+    saw_missing |= row.verdict == "missing";
+  }
+  EXPECT_TRUE(saw_new && saw_missing);
+  CompareOptions allow;
+  allow.allow_missing = true;
+  EXPECT_EQ(compare_results(sample(), cur, allow).regressions, 0);
+
+  cur = sample();
+  cur.cases[0].status = "oom";
+  cur.cases[0].detail = "out of memory";
+  r = compare_results(sample(), cur, {});
+  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "status"), 1);
+  // oom -> ok is a change, not a regression.
+  EXPECT_EQ(compare_results(cur, sample(), {}).regressions, 0);
+}
+
+TEST(Compare, UnreadableFilesAreResultsErrorsNamingTheFile) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto trunc = dir / "memtrade_truncated.json";
+  std::ofstream(trunc) << R"({"context": {}, "benchmarks": [{"name": "a", "real_ti)";
+  try {
+    load_results(trunc);
+    FAIL();
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("memtrade_truncated.json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos);
+  }
+  const auto nolist = dir / "memtrade_nolist.json";
+  std::ofstream(nolist) << R"({"context": {}})";
+  EXPECT_THROW(load_results(nolist), ResultsError);
+  EXPECT_THROW(load_results(dir / "memtrade_does_not_exist.json"), ResultsError);
+  const auto badtime = dir / "memtrade_badtime.json";
+  std::ofstream(badtime) << R"({"benchmarks": [{"name": "a", "real_time": "fast", "time_unit": "ns"}]})";
+  EXPECT_THROW(load_results(badtime), ResultsError);
+}

@@ -1,0 +1,89 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "harness/common.hpp"
+#include "harness/metrics.hpp"
+
+using namespace memtrade;
+
+TEST(Metrics, ExactMatchIsZeroError) {
+  const std::vector<double> r = {1, -2, 3};
+  const auto s = error_stats(r, r);
+  EXPECT_EQ(s.max_abs, 0);
+  EXPECT_EQ(s.max_rel, 0);
+  EXPECT_EQ(s.rel_l2, 0);
+  EXPECT_TRUE(s.finite());
+}
+
+TEST(Metrics, EachMetricMeasuresWhatItSays) {
+  const std::vector<double> r = {1, -2, 4, 0.5};
+  const std::vector<double> x = {1.1, -2, 4, 0.45};
+  const auto s = error_stats(x, r);
+  EXPECT_NEAR(s.max_abs, 0.1, 1e-12);
+  EXPECT_NEAR(s.max_rel, 0.1, 1e-12);  // 0.1/1 and 0.05/0.5 tie
+  const double l2 = std::sqrt(0.01 + 0.0025) / std::sqrt(1 + 4 + 16 + 0.25);
+  EXPECT_NEAR(s.rel_l2, l2, 1e-12);
+  EXPECT_EQ(s.n, 4u);
+}
+
+TEST(Metrics, EachMetricCanFail) {
+  const std::vector<double> r = {1, 1, 1, 1};
+  // max_abs catches one large error that rel_l2 dilutes.
+  const std::vector<double> spike = {1, 1, 1, 1.5};
+  EXPECT_FALSE(error_stats(spike, r).max_abs <= 0.1);
+  // max_rel catches a small value's error that max_abs and rel_l2 miss.
+  const std::vector<double> rs = {1000, 1000, 1000, 1e-3};
+  const std::vector<double> xs = {1000, 1000, 1000, 2e-3};
+  const auto s = error_stats(xs, rs);
+  EXPECT_LE(s.max_abs, 1e-3);
+  EXPECT_LT(s.rel_l2, 1e-6);
+  EXPECT_GE(s.max_rel, 0.99);
+  // rel_l2 catches a uniform bias that stays under a per-element absolute bound.
+  const std::vector<double> bias = {1.05, 1.05, 1.05, 1.05};
+  EXPECT_NEAR(error_stats(bias, r).rel_l2, 0.05, 1e-12);
+}
+
+TEST(Metrics, NanAndInfNeverPass) {
+  const std::vector<double> r = {1, 2, 3};
+  const std::vector<double> x = {1, std::nan(""), std::numeric_limits<double>::infinity()};
+  const auto s = error_stats(x, r);
+  EXPECT_EQ(s.nan_count, 1u);
+  EXPECT_EQ(s.inf_count, 1u);
+  EXPECT_FALSE(s.finite());
+  EXPECT_TRUE(std::isinf(s.max_abs));
+  EXPECT_TRUE(std::isinf(s.rel_l2));
+  ErrorStats ref;  // a perfect reference: the bound is just the floor
+  const auto v = within_tolerance(s, ref, {2.0, 1e30});
+  EXPECT_FALSE(v.pass) << v.why;
+  EXPECT_FALSE(all_close(x, r, 1e30, 1e30).pass);
+}
+
+TEST(Metrics, OracleMustBeFiniteAndSizesMustMatch) {
+  const std::vector<double> r = {1, std::nan("")};
+  EXPECT_THROW(error_stats(r, r), Error);
+  const std::vector<double> a = {1, 2}, b = {1};
+  EXPECT_THROW(error_stats(a, b), Error);
+}
+
+TEST(Metrics, ToleranceRuleIsFactorTimesReferencePlusFloor) {
+  ErrorStats ref;
+  ref.max_abs = 1e-3;
+  ErrorStats opt;
+  opt.max_abs = 2e-3 + 0.9e-5;
+  EXPECT_TRUE(within_tolerance(opt, ref, {2.0, 1e-5}).pass);
+  opt.max_abs = 2e-3 + 1.1e-5;
+  const auto v = within_tolerance(opt, ref, {2.0, 1e-5});
+  EXPECT_FALSE(v.pass);
+  EXPECT_NE(v.why.find("bound"), std::string::npos);
+}
+
+TEST(Metrics, AllCloseReportsTheFirstFailingIndex) {
+  const std::vector<double> r = {1, 2, 3};
+  const std::vector<double> x = {1, 2.5, 3};
+  const auto v = all_close(x, r, 0.1, 0.1);
+  EXPECT_FALSE(v.pass);
+  EXPECT_NE(v.why.find("index 1"), std::string::npos) << v.why;
+  EXPECT_TRUE(all_close(x, r, 0.5, 0).pass);
+}

@@ -1,0 +1,168 @@
+// Tests for harness/stats. The Mann-Whitney expectations (U and p) were computed once with
+// scipy.stats.mannwhitneyu(a, b, alternative='two-sided', method='auto'), scipy 1.17.1 /
+// numpy 2.4.6, and pasted as literals; the comments give scipy's method='exact' p where it differs.
+#include "harness/stats.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "harness/common.hpp"
+
+using memtrade::Error;
+using namespace memtrade::stats;
+
+namespace {
+
+constexpr double kExactTol = 1e-9;  // relative
+constexpr double kAsymTol = 1e-6;   // relative
+
+void expect_mwu(const std::vector<double>& a, const std::vector<double>& b, double u, double p, bool exact) {
+  const MannWhitney r = mann_whitney_u(a, b);
+  EXPECT_EQ(r.u, u);
+  EXPECT_EQ(r.exact, exact);
+  EXPECT_NEAR(r.p_two_sided, p, (exact ? kExactTol : kAsymTol) * p);
+}
+
+std::vector<double> iota(int from, int to) {  // from .. to-1
+  std::vector<double> v;
+  for (int i = from; i < to; ++i) v.push_back(i);
+  return v;
+}
+
+}  // namespace
+
+TEST(Stats, Median) {
+  EXPECT_EQ(median({3.0}), 3.0);
+  EXPECT_EQ(median({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_EQ(median({4.0, 1.0, 3.0, 2.0}), 2.5);
+  EXPECT_EQ(median({2.0, 2.0, 1.0, 7.0, 2.0}), 2.0);
+  EXPECT_EQ(median({-1.0, 1.0}), 0.0);
+  EXPECT_DOUBLE_EQ(median({1e308, 1.7e308}), 1.35e308);  // no overflow averaging huge values
+  EXPECT_EQ(median({-INFINITY, 0.0, INFINITY}), 0.0);
+}
+
+TEST(Stats, MeanStddev) {
+  EXPECT_EQ(mean({1.0, 2.0, 3.0, 4.0}), 2.5);
+  EXPECT_EQ(mean({7.0}), 7.0);
+  // Sample variance of 2,4,4,4,5,5,7,9: sum of squared deviations from 5 is 32, / 7.
+  EXPECT_DOUBLE_EQ(stddev({2, 4, 4, 4, 5, 5, 7, 9}), std::sqrt(32.0 / 7.0));
+  EXPECT_EQ(stddev({3.0, 3.0, 3.0}), 0.0);
+  EXPECT_DOUBLE_EQ(stddev({1.0, 2.0}), std::sqrt(0.5));
+  // Large offset: a one-pass sum-of-squares formula would lose everything here.
+  EXPECT_NEAR(stddev({1e9 + 1, 1e9 + 2, 1e9 + 3}), 1.0, 1e-12);
+}
+
+TEST(Stats, SummaryErrors) {
+  const std::vector<double> empty;
+  const std::vector<double> with_nan = {1.0, std::numeric_limits<double>::quiet_NaN()};
+  EXPECT_THROW(median(empty), Error);
+  EXPECT_THROW(mean(empty), Error);
+  EXPECT_THROW(stddev(empty), Error);
+  EXPECT_THROW(stddev({1.0}), Error);
+  EXPECT_THROW(median(with_nan), Error);
+  EXPECT_THROW(mean(with_nan), Error);
+  EXPECT_THROW(stddev(with_nan), Error);
+}
+
+TEST(MannWhitney, ExactSeparated) {
+  // Fully separated 3 vs 3: the extreme orderings are 2 of C(6,3) = 20, p = 0.1, the smallest
+  // p-value 3 per side can give.
+  expect_mwu({1, 2, 3}, {4, 5, 6}, 0.0, 0.1, true);
+  expect_mwu({4, 5, 6}, {1, 2, 3}, 9.0, 0.1, true);
+  // 5 vs 5: 2 / C(10,5) = 2/252.
+  expect_mwu({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}, 0.0, 0.007936507936507936, true);
+  // 1 vs 8: 2/9.
+  expect_mwu({0.5}, {1, 2, 3, 4, 5, 6, 7, 8}, 0.0, 0.2222222222222222, true);
+  expect_mwu({1.0}, {2.0}, 0.0, 1.0, true);
+}
+
+TEST(MannWhitney, ExactOverlapping) {
+  expect_mwu({1.1, 2.3, 3.5, 5.0, 7.2}, {2.0, 4.1, 6.3, 8.8, 9.4, 10.0}, 7.0, 0.17748917748917747, true);
+  // U exactly at the centre n1*n2/2: twice the tail exceeds 1 and is clamped.
+  expect_mwu({1, 4, 5, 8}, {2, 3, 6, 7}, 8.0, 1.0, true);
+  // Infinities rank first/last like any value.
+  expect_mwu({-INFINITY, 1, 2, INFINITY}, {0, 3, 4, 5, 6}, 7.0, 0.5555555555555556, true);
+}
+
+TEST(MannWhitney, ExactUnequalSizes) {
+  // One small sample (<= 8) without ties stays exact however large the other one is.
+  expect_mwu({0.0012, 0.2987, -0.2741, -0.8906, -0.4547, -0.9916},
+             {0.8601,  2.1402,  0.3078,  0.1795,  1.2898,  1.1569,  0.9054,  -0.1305, 0.7707,  1.4953,
+              -0.5442, 0.3424,  -1.1012, -0.4895, -1.0417, 0.5649,  -0.4674, 1.0713,  0.9568,  0.6131,
+              -1.7168, 0.2613,  0.7515,  0.9133,  -0.7301, 0.3222,  -0.1785, -0.0088, 1.8609,  -0.0075,
+              0.7675,  1.6844,  0.2164,  0.6883,  0.9105,  0.8638,  -0.4251, 0.8761,  2.1588,  -0.7471},
+             52.0, 0.02490002208860874, true);
+  expect_mwu({0.8594, 0.1194, -0.6415, 2.0004, 0.7623, -1.1993, 0.0745, 0.5767},
+             {0.1112, 0.9829,  0.2335, 0.9672,  1.7385,  -0.3757, 0.5031, -0.1633, 0.4273,  -0.8872,
+              -0.2793, 0.1038, 1.1988, 1.4452,  -1.0235, -0.4946, 0.9469, -1.6924, -0.1632, 0.2027,
+              1.557,   0.9894, -0.0272, -0.0686, 0.0498, 1.8235,  -0.128, -0.0037, 0.6526,  0.1792},
+             124.0, 0.9022488619013139, true);
+  // a = 0.5, 61.5, ..., 427.5 (8 values) against b = 0 .. 499; and the reverse argument order.
+  std::vector<double> a8;
+  for (int i = 0; i < 8; ++i) a8.push_back(i * 61 + 0.5);
+  expect_mwu(a8, iota(0, 500), 1716.0, 0.4982995330231311, true);
+  expect_mwu(iota(0, 500), a8, 8 * 500 - 1716.0, 0.4982995330231311, true);
+  expect_mwu({499.5, 10.5, 20.5}, iota(0, 500), 532.0, 0.40431837014271915, true);
+}
+
+TEST(MannWhitney, AsymptoticNoTies) {
+  // Both samples > 8: normal approximation even without ties (scipy's exact p: 4.113533525298231e-05).
+  expect_mwu(iota(1, 10), iota(10, 19), 0.0, 0.00041229480206169127, false);
+  // scipy's exact p: 1.5821457204897228e-14.
+  expect_mwu(iota(0, 25), iota(25, 50), 0.0, 1.4156562248495537e-09, false);
+  // scipy's exact p: 0.5480498577416064.
+  expect_mwu({-0.1973, -1.1141, -0.0115, -0.4436, 1.1661, 0.6531, -0.0241, 0.6684, -0.3399, 1.0521, -0.0054, 0.5834},
+             {-0.5909, 1.0467, -0.9882, -1.3353, 0.3955, -0.1999, 0.8641, 2.9448, -0.1317, 0.0761, 0.9054, 1.193,
+              0.5236, 0.4941, 1.4025},
+             77.0, 0.5419031799870584, false);
+}
+
+TEST(MannWhitney, Ties) {
+  // Any tie (within or across samples) selects the tie-corrected normal approximation.
+  expect_mwu({1, 2, 2, 3, 4}, {2, 3, 3, 5, 6, 7}, 6.0, 0.11390314458853068, false);
+  expect_mwu({0.1, 0.4, 0.4, 0.9, 1.3}, {0.2, 0.4, 1.1, 1.3, 1.3, 2.0, 2.5}, 9.0, 0.18758480505961106, false);
+  // Includes 0.0 in a and -0.0 in b, which are equal (a tie).
+  expect_mwu({0.5, -1.0, -0.1, 0.0, -1.1, 0.3, -0.9, 1.0, 0.2, 0.1, -0.6, -0.1, -2.0, -1.1, 0.4, -2.1, 0.8, -1.7, 0.8,
+              -0.8},
+             {1.3, 0.6, -1.0, 1.7, 1.9, 0.4, 0.2, 0.3, -0.5, 1.6, -0.0, 0.4, -0.3, -0.1, -0.8, 1.8, 0.3}, 97.0,
+             0.02697508568494576, false);
+}
+
+TEST(MannWhitney, IdenticalSamples) {
+  expect_mwu({1, 2, 3, 4}, {1, 2, 3, 4}, 8.0, 1.0, false);
+  // All values equal: zero variance, p = 1 (scipy: z = -0.5/0 = -inf, p clipped to 1).
+  expect_mwu({5, 5, 5}, {5, 5}, 3.0, 1.0, false);
+  expect_mwu({5}, {5}, 0.5, 1.0, false);
+}
+
+TEST(MannWhitney, Errors) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(mann_whitney_u({}, {1.0}), Error);
+  EXPECT_THROW(mann_whitney_u({1.0}, {}), Error);
+  EXPECT_THROW(mann_whitney_u({1.0, nan}, {2.0}), Error);
+  EXPECT_THROW(mann_whitney_u({1.0}, {nan, 2.0}), Error);
+  try {
+    mann_whitney_u({1.0}, {});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "mann_whitney_u: both samples must be non-empty");
+  }
+}
+
+TEST(MannWhitney, PValuesStayInRange) {
+  // Every split of 0..9 into 4 vs 6 (exact path): p in [0, 1], symmetric under swapping a and b.
+  for (unsigned mask = 0; mask < 1024; ++mask) {
+    if (__builtin_popcount(mask) != 4) continue;
+    std::vector<double> a, b;
+    for (int i = 0; i < 10; ++i) (mask >> i & 1 ? a : b).push_back(i);
+    const MannWhitney ab = mann_whitney_u(a, b), ba = mann_whitney_u(b, a);
+    ASSERT_TRUE(ab.exact);
+    EXPECT_GE(ab.p_two_sided, 0.0);
+    EXPECT_LE(ab.p_two_sided, 1.0);
+    EXPECT_EQ(ab.u + ba.u, 24.0);
+    EXPECT_NEAR(ab.p_two_sided, ba.p_two_sided, 1e-15);
+  }
+}
