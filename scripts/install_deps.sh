@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what memtrade needs to build, test and report, on Debian/Ubuntu. Idempotent: installs only
+# what is missing. The CUDA toolkit is optional (the CUDA backend is built when nvcc is found).
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+pkgs=(cmake ninja-build g++ git libgtest-dev libbenchmark-dev nlohmann-json3-dev libopenblas-dev chromium)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! python3 -c "import matplotlib, numpy, PIL" 2>/dev/null; then
+  echo "install_deps: installing matplotlib for $(command -v python3)"
+  python3 -m pip install -q matplotlib numpy pillow
+fi
