@@ -5,6 +5,7 @@
 //   memtrade report RESULTS... [--baseline B] -o report.html
 //   memtrade probe [--backend cpu|cuda|auto]
 // Exit codes: 0 success, 1 regressions found (compare), 2 usage error or unreadable/malformed input.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -84,8 +85,11 @@ std::size_t parse_size(const std::string& s) {
                                                       {"KB", 1e3},     {"MB", 1e6},       {"GB", 1e9},
                                                       {"TB", 1e12}};
   auto it = units.find(unit);
-  if (it == units.end() || !(v > 0)) throw Usage("bad size '" + s + "' (examples: 1048576, 512MiB, 24GiB, 80GB)");
-  return static_cast<std::size_t>(v * it->second);
+  const double bytes = v * (it == units.end() ? 0.0 : it->second);
+  // At least one byte, and small enough to be a size_t (also rejects inf and nan).
+  if (it == units.end() || !(bytes >= 1 && bytes < 1.8e19))
+    throw Usage("bad size '" + s + "' (examples: 1048576, 512MiB, 24GiB, 80GB)");
+  return static_cast<std::size_t>(bytes);
 }
 
 // Splits argv into positionals and --options; `flags` lists options that take no value.

@@ -60,6 +60,8 @@ class Workload {
   virtual void run() = 0;              // the measured call; must give the same result every time
   virtual ErrorStats error() = 0;      // error of the last run's output against the float64 oracle
   virtual Work work() const = 0;
+  // Further figures of the last run (e.g. per-output errors), added to the record's counters.
+  virtual void add_counters(std::map<std::string, double>& /*counters*/) {}
 };
 
 struct Impl {

@@ -84,7 +84,7 @@ Json build_context(const RunInfo& info) {
   m["capacity_bytes"] = info.capacity ? Json(*info.capacity) : Json(nullptr);
   m["repetitions"] = info.repetitions;
   const std::string git = std::string("git -C '") + build::source_dir + "' ";
-  m["git_commit"] = shell_line(git + "rev-parse HEAD 2>/dev/null");
+  m["git_commit"] = shell_line(git + "rev-parse --verify -q HEAD 2>/dev/null");
   m["git_dirty"] = !shell_line(git + "status --porcelain --untracked-files=no 2>/dev/null").empty();
   m["compiler"] = build::cxx_compiler;
   m["cxx_flags"] = build::cxx_flags;

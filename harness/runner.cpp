@@ -138,6 +138,7 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     rec.counters["rel_l2_err"] = e.rel_l2;
     rec.counters["nan_count"] = static_cast<double>(e.nan_count);
     rec.counters["inf_count"] = static_cast<double>(e.inf_count);
+    w->add_counters(rec.counters);
 
     // Timing.
     time_with_gbench(rec, *w, dev, repetitions, min_time_s);

@@ -64,6 +64,7 @@ TEST(Runner, CapacityTooSmallIsRecordedAsOom) {
 
 TEST(Runner, RunSuitesWritesEveryCaseAndGoesOnAfterOom) {
   const auto dir = fs::temp_directory_path() / "memtrade_runner_suites";
+  fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "mini.json") << R"({"suite": "mini", "technique": "gemm", "x_param": "n",
     "profiles": {"quick": {"repetitions": 2, "min_time_s": 0.0001, "grid": [{"n": [8, 64, 16], "dtype": ["fp32"]}]},
@@ -72,7 +73,7 @@ TEST(Runner, RunSuitesWritesEveryCaseAndGoesOnAfterOom) {
   o.suites = {"mini"};
   o.backend = "cpu";
   o.suites_dir = dir;
-  o.out = dir / "results.json";
+  o.out = fs::temp_directory_path() / "memtrade_runner_results.json";
   o.capacity = 8192;  // n=64 needs 48 KiB
   o.verbose = false;
   const auto sum = run_suites(registry(), o);
