@@ -37,7 +37,8 @@ const char* kMainHelp =
     "  run       run suites and write a results file (Google Benchmark JSON)\n"
     "  compare   compare a results file with a baseline; exit 1 on regressions\n"
     "  report    write a self-contained HTML report from results files\n"
-    "  probe     measure this machine's GEMM and copy ceilings\n";
+    "  probe     measure this machine's GEMM and copy ceilings\n"
+    "  tune      measure and store machine-specific settings (attention's naive/flash crossover)\n";
 
 const std::map<std::string, std::string> kHelp = {
     {"list", "usage: memtrade list [--suites-dir D]\n  Lists the suites with their profiles and case counts, and every registered implementation.\n"},
@@ -68,6 +69,7 @@ const std::map<std::string, std::string> kHelp = {
      "usage: memtrade report RESULTS... [--baseline B] -o report.html\n"
      "  One self-contained HTML file: plots per technique, claims, regressions against B (compared with\n"
      "  the last RESULTS, time report-only), run context, and trends when several RESULTS are given.\n"},
+    {"tune", "usage: memtrade tune\n  Re-measures every technique's machine-specific setting on the CPU and stores it.\n"},
     {"probe", "usage: memtrade probe [--backend cpu|cuda|auto] [--out F]\n  Measures GEMM rates and copy bandwidth.\n"},
 };
 
@@ -241,6 +243,14 @@ int cmd_report(const Args& a) {
   return 0;
 }
 
+int cmd_tune(const Args& a) {
+  if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
+  auto dev = make_cpu_device();
+  for (const auto& t : registry().all())
+    if (t.tune) std::printf("%s\n", t.tune(*dev).c_str());
+  return 0;
+}
+
 int cmd_probe(const Args& a) {
   const std::string be = a.get("--backend", "auto");
   if (be != "cpu" && be != "cuda" && be != "auto") throw Usage("unknown backend '" + be + "'");
@@ -294,6 +304,7 @@ int main(int argc, char** argv) {
                                "--min-effect", "--markdown", "--json"},
                               {"--allow-missing"}));
     if (cmd == "report") return cmd_report(Args(argc, argv, 2, {"--baseline", "-o"}, {}));
+    if (cmd == "tune") return cmd_tune(Args(argc, argv, 2, {}, {}));
     if (cmd == "probe") return cmd_probe(Args(argc, argv, 2, {"--backend", "--out"}, {}));
   } catch (const Usage& e) {
     std::fprintf(stderr, "memtrade %s: %s\n\n%s", cmd.c_str(), e.what(), kHelp.at(cmd).c_str());

@@ -29,7 +29,9 @@ CudaStatus cuda_status() {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
-      s.reason = std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+      s.reason = std::string("no CUDA device: ") +
+                 (err != cudaSuccess ? std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")"
+                                     : std::string("none found"));
       cudaGetLastError();  // clear the sticky error
       return s;
     }

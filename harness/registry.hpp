@@ -109,6 +109,9 @@ struct Technique {
   std::function<std::unique_ptr<Problem>(const Case&)> prepare;
   std::vector<Impl> impls;
   std::map<std::string, ClaimCheck> claims;
+  // Optional: measures and stores a machine-specific setting (e.g. attention's naive/flash crossover);
+  // returns a one-line description. Run by `memtrade tune`.
+  std::function<std::string(Device&)> tune;
 };
 
 class Registry {

@@ -1,5 +1,6 @@
 // Every technique memtrade is built with. A new technique adds one line here.
 #include "harness/registry.hpp"
+#include "impls/attention/attention.hpp"
 #include "impls/gemm/gemm.hpp"
 
 namespace memtrade {
@@ -8,6 +9,7 @@ const Registry& registry() {
   static const Registry r = [] {
     Registry reg;
     gemm::register_technique(reg);
+    attn::register_technique(reg);
     return reg;
   }();
   return r;

@@ -45,6 +45,11 @@ timeout 300 $bin run --suite all --profile quick --backend cuda --out "$OUT/resu
 rc_run=$?
 log "quick suites (cuda): $(tail -1 "$OUT/run.log") (rc $rc_run)"
 
+# The attention target case (bf16 forward, d = 128, n = 8192) from the full profile.
+timeout 120 $bin run --suite attention --profile full --backend cuda \
+  --filter "n=8192,d=128,causal=false,dtype=bf16,pass=fwd/" --out "$OUT/attention_8k.json" > "$OUT/attention_8k.log" 2>&1
+log "attention n=8192 d=128 bf16 fwd: $(grep -E '/(naive|flash) ' "$OUT/attention_8k.log" | sed -E 's/ +/ /g' | tr '\n' ';')"
+
 if [ -f suites/baselines/cuda/quick.json ]; then
   $bin compare suites/baselines/cuda/quick.json "$OUT/results.json" --markdown "$OUT/compare.md" > "$OUT/compare.log" 2>&1
   log "compare with the CUDA baseline: rc $? ($(tail -1 "$OUT/compare.log"))"

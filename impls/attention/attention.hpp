@@ -45,6 +45,8 @@ struct AttnProblem final : Problem {
   std::vector<double> o, dq, dk, dv;  // o, dq: [B, H, rows.size(), D]; dk, dv: full, when full_oracle
 };
 std::unique_ptr<AttnProblem> prepare(const Case& c);
+// Throws Error naming the tensor and index of the first NaN or Inf input (after rounding to the dtype).
+void check_inputs(const AttnProblem& p);
 
 // Float64 attention for one (batch, head): the oracle, also used by the tests. Writes o and lse for
 // the listed query rows; if dq/dk/dv are given (full rows only), the backward pass with upstream dout.
@@ -77,8 +79,11 @@ struct MemoryModel {
 MemoryModel naive_memory(const Dims& s, Backend b);
 MemoryModel flash_memory(const Dims& s, Backend b);
 
-// CPU flash tiling (also the unit of its per-slot workspace).
+// CPU flash tiling. Each worker thread uses one workspace slot; the slot count is min(16, work items),
+// so tracked figures do not depend on the machine's core count (and at most 16 threads run).
 inline constexpr int kCpuBlockQ = 64, kCpuBlockK = 64, kCpuSlots = 16;
+std::size_t cpu_flash_slot_bytes(int64_t d);
+int64_t cpu_flash_slots(const Dims& s);
 
 std::unique_ptr<Workload> make_naive_cpu(const AttnProblem& p, Device& dev);
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev);

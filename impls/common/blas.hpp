@@ -14,3 +14,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 int threads();
 
 }  // namespace memtrade::blas
+
+namespace memtrade::blas {
+// The same in float64 (oracles).
+void dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+           const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+}  // namespace memtrade::blas

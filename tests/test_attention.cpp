@@ -1,0 +1,266 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "harness/runner.hpp"
+#include "impls/attention/attention.hpp"
+#include "impls/attention/tile_math.hpp"
+
+using namespace memtrade;
+using namespace memtrade::attn;
+
+namespace {
+
+Case attn_case(Json params) {
+  Case c;
+  c.suite = "attention";
+  c.params = std::move(params);
+  c.id = case_id(c.params);
+  c.x = c.params.value("n", 0);
+  return c;
+}
+
+const Impl& impl_of(const std::string& name, Backend be = Backend::cpu) {
+  for (const auto& i : registry().get("attention").impls)
+    if (i.name == name && i.backend == be) return i;
+  throw Error("no attention impl " + name);
+}
+
+struct Outcome {
+  ErrorStats worst;
+  std::map<std::string, double> per_tensor;
+};
+
+Outcome run(const std::string& impl, const Case& c, const Problem& p, Device& dev) {
+  auto w = impl_of(impl).make(c, p, dev);
+  w->run();
+  Outcome out{w->error(), {}};
+  w->add_counters(out.per_tensor);
+  return out;
+}
+
+// Flash against the FlashAttention rule: per output tensor, max_abs <= 2 x naive's (the reference in
+// the same precision) + floor; both against the float64 oracle.
+void expect_flash_within_rule(const Json& params, double floor) {
+  const Case c = attn_case(params);
+  const auto problem = registry().get("attention").prepare(c);
+  auto dev = make_cpu_device();
+  const auto naive = run("naive", c, *problem, *dev);
+  const auto flash = run("flash", c, *problem, *dev);
+  EXPECT_TRUE(naive.worst.finite()) << c.id;
+  ASSERT_TRUE(flash.worst.finite()) << c.id;
+  int checked = 0;
+  for (const auto& [key, value] : flash.per_tensor) {
+    if (key.rfind("max_abs_err_", 0) != 0) continue;
+    ++checked;
+    const double bound = 2.0 * naive.per_tensor.at(key) + floor;
+    EXPECT_LE(value, bound) << c.id << " " << key << ": flash " << value << ", naive " << naive.per_tensor.at(key);
+  }
+  EXPECT_EQ(checked, params.value("pass", "fwd") == "fwd_bwd" ? 4 : 1) << c.id;
+  EXPECT_EQ(dev->memory().total().live, 0u);
+}
+
+}  // namespace
+
+TEST(AttentionMath, ExpApproxIsAccurateAndExactAtTheEnds) {
+  double worst = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.01371f) {
+    const double rel = std::abs(exp_approx(x) - std::exp(static_cast<double>(x))) / std::exp(static_cast<double>(x));
+    worst = std::max(worst, rel);
+  }
+  EXPECT_LT(worst, 4e-7);
+  EXPECT_EQ(exp_approx(-INFINITY), 0.f);
+  EXPECT_EQ(exp_approx(-100.f), 0.f);
+  EXPECT_EQ(exp_approx(0.f), 1.f);
+  EXPECT_TRUE(std::isnan(exp_approx(NAN)));
+}
+
+TEST(AttentionMath, OnlineSoftmaxOverTilesEqualsOneShotSoftmax) {
+  // Scores near 1e4: a softmax without the max subtraction overflows.
+  const float scores[10] = {1e4f, 9990.f, -INFINITY, 10003.f, 1e4f, 9999.5f, -INFINITY, 9980.f, 10002.f, 9000.f};
+  float m = -INFINITY, l = 0, o = 0;
+  const float v[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  for (int t = 0; t < 10; t += 4) {
+    const int cnt = std::min(4, 10 - t);
+    float s[4];
+    std::copy_n(scores + t, cnt, s);
+    const float c = online_softmax_tile(s, cnt, m, l);
+    o *= c;
+    for (int j = 0; j < cnt; ++j) o += s[j] * v[t + j];
+  }
+  double mx = -INFINITY, sum = 0, ref = 0;
+  for (float x : scores) mx = std::max<double>(mx, x);
+  for (int j = 0; j < 10; ++j) {
+    const double p = scores[j] == -INFINITY ? 0 : std::exp(scores[j] - mx);
+    sum += p;
+    ref += p * v[j];
+  }
+  EXPECT_NEAR(o * inverse_row_sum(l), ref / sum, 1e-5);
+  EXPECT_NEAR(row_lse(m, l), mx + std::log(sum), 1e-3);
+  // A row that sees nothing is zero with lse = +inf, and its recomputed probabilities are 0.
+  float s2[3] = {-INFINITY, -INFINITY, -INFINITY};
+  float m2 = -INFINITY, l2 = 0;
+  EXPECT_EQ(online_softmax_tile(s2, 3, m2, l2), 1.f);
+  EXPECT_EQ(inverse_row_sum(l2), 0.f);
+  EXPECT_EQ(row_lse(m2, l2), INFINITY);
+  EXPECT_EQ(prob_from_lse(3.f, INFINITY), 0.f);
+  EXPECT_EQ(prob_from_lse(-INFINITY, 2.f), 0.f);
+}
+
+TEST(AttentionReference, GradientsMatchFiniteDifferences) {
+  // Tiny float64 problem: 1 head, n = 5 queries over n_kv = 7 keys, causal (so no row is empty), d = 3.
+  Dims s{1, 1, 1, 5, 7, 3, true, DType::f64, true};
+  std::vector<double> q(15), k(21), v(21), dout(15);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::sin(1.3 * i + 0.2), dout[i] = std::cos(0.7 * i);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.9 * i + 0.4), v[i] = std::sin(0.5 * i - 1.0);
+  std::vector<int64_t> rows = {0, 1, 2, 3, 4};
+  std::vector<double> o(15), dq(15), dk(21, 0.0), dv(21, 0.0);
+  reference_head_f64(s, q.data(), k.data(), v.data(), dout.data(), rows, o.data(), dq.data(), dk.data(), dv.data());
+  auto loss = [&] {  // L = sum(dout * O)
+    std::vector<double> oo(15);
+    reference_head_f64(s, q.data(), k.data(), v.data(), nullptr, rows, oo.data(), nullptr, nullptr, nullptr);
+    double l = 0;
+    for (int i = 0; i < 15; ++i) l += dout[i] * oo[i];
+    return l;
+  };
+  const double h = 1e-6;
+  for (auto [x, grad, name] : {std::tuple{&q, &dq, "dq"}, {&k, &dk, "dk"}, {&v, &dv, "dv"}})
+    for (std::size_t i = 0; i < x->size(); ++i) {
+      const double keep = (*x)[i];
+      (*x)[i] = keep + h;
+      const double up = loss();
+      (*x)[i] = keep - h;
+      const double down = loss();
+      (*x)[i] = keep;
+      EXPECT_NEAR((up - down) / (2 * h), (*grad)[i], 1e-7) << name << "[" << i << "]";
+    }
+}
+
+class AttentionOptions : public ::testing::TestWithParam<std::tuple<const char*, bool, int, int, int>> {};
+
+TEST_P(AttentionOptions, FlashWithinTwiceNaiveErrorForwardAndBackward) {
+  const auto [dtype, causal, h_kv, n, d] = GetParam();
+  const double floor = std::string(dtype) == "fp32" ? 1e-5 : 1e-3;
+  expect_flash_within_rule(Json{{"b", 2}, {"h", 4}, {"h_kv", h_kv}, {"n", n}, {"n_kv", n + 7}, {"d", d},
+                                {"causal", causal}, {"dtype", dtype}, {"pass", "fwd_bwd"}},
+                           floor);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, AttentionOptions,
+                         ::testing::Combine(::testing::Values("fp32", "bf16", "fp16"), ::testing::Bool(),
+                                            ::testing::Values(4, 2, 1),  // MHA, GQA, MQA
+                                            ::testing::Values(37, 130),  // not multiples of the 64 tile
+                                            ::testing::Values(64, 40)));
+
+TEST(Attention, HeadDim128AndForwardOnly) {
+  expect_flash_within_rule(Json{{"h", 2}, {"n", 200}, {"d", 128}, {"dtype", "fp32"}, {"pass", "fwd"}}, 1e-5);
+  expect_flash_within_rule(Json{{"h", 2}, {"n", 200}, {"d", 128}, {"causal", true}, {"dtype", "bf16"}, {"pass", "fwd_bwd"}}, 1e-3);
+}
+
+TEST(Attention, LargeLogitsStayFinite) {
+  for (const char* dtype : {"fp32", "bf16"})
+    expect_flash_within_rule(Json{{"h", 2}, {"n", 100}, {"d", 64}, {"causal", true}, {"dtype", dtype},
+                                  {"pass", "fwd_bwd"}, {"logit_scale", 1e4}},
+                             std::string(dtype) == "fp32" ? 1e-5 : 1e-3);
+}
+
+TEST(Attention, FullyMaskedRowsAreZero) {
+  // 96 queries over 40 keys, causal aligned bottom right: queries 0..55 see no key.
+  const Case c = attn_case(Json{{"h", 2}, {"n", 96}, {"n_kv", 40}, {"d", 16}, {"causal", true}, {"dtype", "fp32"}, {"pass", "fwd_bwd"}});
+  const auto problem = registry().get("attention").prepare(c);
+  auto dev = make_cpu_device();
+  for (const char* impl : {"naive", "flash"}) {
+    auto w = impl_of(impl).make(c, *problem, *dev);
+    w->run();
+    EXPECT_TRUE(w->error().finite()) << impl;
+    // Reach the outputs through a fresh download: rows 0..55 of O and dQ are exactly 0.
+    auto* aw = dynamic_cast<AttnWorkload*>(w.get());
+    ASSERT_NE(aw, nullptr);
+    std::map<std::string, double> counters;
+    w->add_counters(counters);
+    EXPECT_LT(counters.at("max_abs_err_o"), 1e-5) << impl;
+    EXPECT_LT(counters.at("max_abs_err_dq"), 1e-5) << impl;
+  }
+  const auto& p = problem_as<AttnProblem>(*problem);
+  for (int64_t i = 0; i < 56 * 16; ++i) EXPECT_EQ(p.o[i], 0.0);  // the oracle defines them as 0
+}
+
+TEST(Attention, TrackedPeaksEqualTheMemoryModelToTheByte) {
+  const auto& tech = registry().get("attention");
+  auto dev = make_cpu_device();
+  for (const Json& params :
+       {Json{{"h", 4}, {"n", 130}, {"d", 64}, {"dtype", "fp32"}, {"pass", "fwd"}},
+        Json{{"b", 2}, {"h", 4}, {"h_kv", 2}, {"n", 70}, {"n_kv", 90}, {"d", 40}, {"causal", true}, {"dtype", "bf16"}, {"pass", "fwd_bwd"}},
+        Json{{"h", 1}, {"n", 30}, {"d", 16}, {"dtype", "fp16"}, {"pass", "fwd"}},
+        Json{{"h", 8}, {"n", 512}, {"d", 64}, {"dtype", "fp32"}, {"pass", "fwd_bwd"}}}) {
+    const Case c = attn_case(params);
+    const auto problem = tech.prepare(c);
+    const Dims s = case_dims(c);
+    for (const char* impl : {"naive", "flash"}) {
+      const Record r = measure(tech, impl_of(impl), c, *problem, *dev, 1, 1e-4, {});
+      ASSERT_EQ(r.status, "ok") << r.detail;
+      const MemoryModel m = std::string(impl) == "naive" ? naive_memory(s, Backend::cpu) : flash_memory(s, Backend::cpu);
+      EXPECT_EQ(r.counter("peak_bytes"), m.live_before + m.extra) << impl << " " << c.id;
+      EXPECT_EQ(r.counter("peak_extra_bytes"), m.extra) << impl << " " << c.id;
+    }
+  }
+}
+
+TEST(Attention, FlashMemoryIsLinearInSequenceLength) {
+  // The model (checked against the allocator above) at the fa-linear sizes: d = 64, forward and backward.
+  for (int64_t n : {2048, 4096}) {
+    const Dims s{1, 12, 12, n, n, 64, false, DType::f16, true};
+    const double ratio = static_cast<double>(naive_memory(s, Backend::cuda).extra) / flash_memory(s, Backend::cuda).extra;
+    EXPECT_GT(ratio, n == 2048 ? 10 : 20) << n;
+  }
+}
+
+TEST(Attention, BadInputIsAClearError) {
+  const auto& tech = registry().get("attention");
+  auto message = [&](const Json& params) -> std::string {
+    try {
+      tech.validate(attn_case(params));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message({{"h", 4}, {"h_kv", 3}, {"n", 8}, {"d", 8}}).find("must divide"), std::string::npos);
+  EXPECT_NE(message({{"h", 4}, {"n", 0}, {"d", 8}}).find("impossible size n"), std::string::npos);
+  EXPECT_NE(message({{"h", -1}, {"n", 8}, {"d", 8}}).find("impossible size h"), std::string::npos);
+  EXPECT_NE(message({{"h", 2}, {"n", 8}, {"d", 64}, {"d_kv", 32}}).find("head dim mismatch"), std::string::npos);
+  EXPECT_NE(message({{"h", 2}, {"n", 8}, {"d", 8}, {"pass", "sideways"}}).find("pass"), std::string::npos);
+  EXPECT_NE(message({{"h", 2}, {"n", 8}, {"d", 8}, {"dtype", "int8"}}).find("dtype"), std::string::npos);
+  // NaN inputs are refused before any implementation runs.
+  auto problem = prepare(attn_case({{"h", 1}, {"n", 8}, {"d", 8}}));
+  problem->k[5] = std::nan("");
+  try {
+    check_inputs(*problem);
+    FAIL() << "NaN input accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k[5] is NaN"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Attention, AutoUsesTheStoredCrossover) {
+  const auto dir = std::filesystem::temp_directory_path() / "memtrade_state_test";
+  std::filesystem::create_directories(dir);
+  setenv("MEMTRADE_STATE_DIR", dir.c_str(), 1);
+  std::ofstream(dir / "attention_crossover.json") << Json{{machine_classes()["cpu"].get<std::string>(), 100}}.dump();
+  auto dev = make_cpu_device();
+  for (int64_t n : {64, 128}) {
+    const Case c = attn_case(Json{{"h", 1}, {"n", n}, {"d", 16}, {"dtype", "fp32"}});
+    const auto problem = prepare(c);
+    auto w = impl_of("auto").make(c, *problem, *dev);
+    w->run();
+    std::map<std::string, double> counters;
+    w->add_counters(counters);
+    EXPECT_EQ(counters.at("crossover_n"), 100);
+    EXPECT_EQ(counters.at("chose_flash"), n >= 100 ? 1 : 0);
+    EXPECT_LT(w->error().rel_l2, 1e-6);
+  }
+  unsetenv("MEMTRADE_STATE_DIR");
+}
