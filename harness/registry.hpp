@@ -133,4 +133,18 @@ const P& problem_as(const Problem& p) {
   return dynamic_cast<const P&>(p);
 }
 
+// An implementation whose factory takes the technique's own Problem type P.
+template <class P>
+Impl typed_impl(std::string technique, std::string name, Role role, Backend backend, std::string description,
+                std::unique_ptr<Workload> (*factory)(const P&, Device&)) {
+  Impl i;
+  i.technique = std::move(technique);
+  i.name = std::move(name);
+  i.role = role;
+  i.backend = backend;
+  i.description = std::move(description);
+  i.make = [factory](const Case&, const Problem& p, Device& dev) { return factory(problem_as<P>(p), dev); };
+  return i;
+}
+
 }  // namespace memtrade

@@ -195,8 +195,11 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     s.profile(opts.profile);  // fails early on an unknown profile
     reg.get(s.technique);
     info.suites.push_back(s.name);
+    const auto& prof = s.profile(opts.profile);
     info.suite_meta[s.name] = {{"technique", s.technique}, {"x_param", s.x_param}, {"x_label", s.x_label},
-                               {"description", s.description}};
+                               {"description", s.description},
+                               {"capacity_bytes", opts.capacity ? Json(*opts.capacity)
+                                                  : prof.capacity ? Json(*prof.capacity) : Json(nullptr)}};
     info.repetitions = std::max(info.repetitions, opts.repetitions.value_or(s.profile(opts.profile).repetitions));
   }
 
@@ -214,15 +217,19 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
   if (cpu) info.ceilings = probe_cpu();
   if (cuda)
     for (const auto& [k, v] : probe_cuda()) info.ceilings[k] = v;
-  for (Device* d : {cpu.get(), cuda.get()})
-    if (d) d->memory().set_capacity(opts.capacity);
-
   ResultsWriter writer(opts.out, build_context(info));
   RunSummary sum;
   for (const auto& s : suites) {
     const Technique& tech = reg.get(s.technique);
     const Profile& prof = s.profile(opts.profile);
     const int reps = opts.repetitions.value_or(prof.repetitions);
+    // The run's --capacity wins; otherwise the profile's own (e.g. a card's size), for this suite only.
+    const auto capacity = opts.capacity ? opts.capacity : prof.capacity;
+    for (Device* d : {cpu.get(), cuda.get()})
+      if (d) d->memory().set_capacity(capacity);
+    if (opts.verbose && capacity && !opts.capacity)
+      std::printf("%s/%s: device capacity %s (from the profile)\n", s.name.c_str(), prof.name.c_str(),
+                  format_bytes(static_cast<double>(*capacity)).c_str());
     std::vector<Record> records;
     for (const Case& c : prof.cases) {
       std::unique_ptr<Problem> problem;

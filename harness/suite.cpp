@@ -92,6 +92,11 @@ SuiteSpec load_suite(const std::filesystem::path& file) {
         fail(file, "profile '" + pname + "': min_time_s must be a positive number");
       p.min_time_s = pj["min_time_s"].get<double>();
     }
+    if (pj.contains("capacity_bytes")) {
+      if (!pj["capacity_bytes"].is_number_integer() || pj["capacity_bytes"].get<int64_t>() < 1)
+        fail(file, "profile '" + pname + "': capacity_bytes must be a positive integer");
+      p.capacity = pj["capacity_bytes"].get<std::size_t>();
+    }
     if (!pj.contains("grid") || !pj["grid"].is_array() || pj["grid"].empty())
       fail(file, "profile '" + pname + "' needs a non-empty 'grid' list");
     std::vector<Json> params;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct Profile {
   std::string name;
   int repetitions = 9;
   double min_time_s = 0.02;
+  std::optional<std::size_t> capacity;  // device pool capacity for the profile's run ("capacity_bytes")
   std::vector<Case> cases;
 };
 

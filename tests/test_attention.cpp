@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "attention_check.hpp"
 #include "harness/runner.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
@@ -12,16 +13,9 @@
 using namespace memtrade;
 using namespace memtrade::attn;
 
-namespace {
+using memtrade::test::attn_case;
 
-Case attn_case(Json params) {
-  Case c;
-  c.suite = "attention";
-  c.params = std::move(params);
-  c.id = case_id(c.params);
-  c.x = c.params.value("n", 0);
-  return c;
-}
+namespace {
 
 const Impl& impl_of(const std::string& name, Backend be = Backend::cpu) {
   for (const auto& i : registry().get("attention").impls)
@@ -263,4 +257,41 @@ TEST(Attention, AutoUsesTheStoredCrossover) {
     EXPECT_LT(w->error().rel_l2, 1e-6);
   }
   unsetenv("MEMTRADE_STATE_DIR");
+}
+
+TEST(AttentionClaims, ChecksJudgeFromTheRecords) {
+  const auto& tech = registry().get("attention");
+  auto record = [](const char* impl, int64_t n, const char* pass, double extra, double seconds, const char* status = "ok") {
+    Record r;
+    r.impl = impl;
+    r.status = status;
+    r.kase = attn_case(Json{{"h", 4}, {"n", n}, {"d", 64}, {"causal", false}, {"dtype", "fp32"}, {"pass", pass}});
+    r.counters["peak_extra_bytes"] = extra;
+    r.times_s = {seconds, seconds};
+    return r;
+  };
+  ClaimSpec linear;
+  linear.id = "fa-linear";
+  linear.data = Json{{"cases", Json::array({Json{{"params", {{"n", 2048}, {"pass", "fwd"}}}, {"min_ratio", 10}},
+                                            Json{{"params", {{"n", 4096}, {"pass", "fwd"}}}, {"min_ratio", 20}}})}};
+  std::vector<Record> recs = {record("naive", 2048, "fwd", 64e6, 1), record("flash", 2048, "fwd", 2e6, 1),
+                              record("naive", 4096, "fwd", 256e6, 1), record("flash", 4096, "fwd", 2e6, 1)};
+  auto res = tech.claims.at("fa-linear")(linear, recs);
+  EXPECT_EQ(res.verdict, "reproduced") << res.measured;
+  recs[3].counters["peak_extra_bytes"] = 20e6;  // only 12.8x at 4096
+  res = tech.claims.at("fa-linear")(linear, recs);
+  EXPECT_EQ(res.verdict, "not_reproduced") << res.measured;
+  EXPECT_EQ(tech.claims.at("fa-linear")(linear, {}).verdict, "out_of_scope");
+
+  ClaimSpec short_claim;
+  short_claim.id = "fa-short";
+  short_claim.data = Json{{"where", {{"d", 64}, {"pass", "fwd"}}}};
+  recs = {record("naive", 512, "fwd", 0, 1.0), record("flash", 512, "fwd", 0, 1.08)};
+  res = tech.claims.at("fa-short")(short_claim, recs);
+  EXPECT_EQ(res.verdict, "reproduced") << res.measured;  // flash 8% slower below 2K
+  recs.push_back(record("naive", 1024, "fwd", 0, 2.0));
+  recs.push_back(record("flash", 1024, "fwd", 0, 1.0));
+  res = tech.claims.at("fa-short")(short_claim, recs);
+  EXPECT_EQ(res.verdict, "not_reproduced") << res.measured;
+  EXPECT_NE(res.measured.find("n=1024: flash/naive time 0.50"), std::string::npos) << res.measured;
 }

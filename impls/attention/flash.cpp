@@ -4,6 +4,9 @@
 // owns query tiles (dQ). OpenMP over tiles; the tile products are register-blocked loops the compiler
 // vectorizes (AVX2/AVX-512 with -march=native). Every buffer is a tracked per-thread slot.
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <type_traits>
@@ -94,6 +97,29 @@ template <int D>
 void tile_kqT(const float* __restrict k, int cols, const float* __restrict qT, int d_rt, float* __restrict sT) {
   const int d = D > 0 ? D : d_rt;
   int j = 0;
+#if defined(__AVX512F__)
+  // 4 keys x 64 queries of accumulators: 16 zmm registers (GCC keeps the plain version's on the stack).
+  static_assert(BR == 64);
+  for (; j + 4 <= cols; j += 4) {
+    __m512 acc[4][4];
+    for (auto& r : acc)
+      for (auto& x : r) x = _mm512_setzero_ps();
+    for (int p = 0; p < d; ++p) {
+      const float* qrow = qT + p * BR;
+      const __m512 q0 = _mm512_loadu_ps(qrow), q1 = _mm512_loadu_ps(qrow + 16), q2 = _mm512_loadu_ps(qrow + 32),
+                   q3 = _mm512_loadu_ps(qrow + 48);
+      for (int u = 0; u < 4; ++u) {
+        const __m512 kb = _mm512_set1_ps(k[(j + u) * d + p]);
+        acc[u][0] = _mm512_fmadd_ps(kb, q0, acc[u][0]);
+        acc[u][1] = _mm512_fmadd_ps(kb, q1, acc[u][1]);
+        acc[u][2] = _mm512_fmadd_ps(kb, q2, acc[u][2]);
+        acc[u][3] = _mm512_fmadd_ps(kb, q3, acc[u][3]);
+      }
+    }
+    for (int u = 0; u < 4; ++u)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(sT + (j + u) * BR + 16 * v, acc[u][v]);
+  }
+#endif
   for (; j + 4 <= cols; j += 4) {
     float acc[4][BR] = {};
     for (int p = 0; p < d; ++p) {
@@ -129,6 +155,29 @@ void tile_rescale_add_pv(const float* __restrict pT, int rows, int cols, const f
   constexpr int DD = D > 0 ? D : 256;       // register block width (run-time d <= 256)
   const int d = D > 0 ? D : d_rt;
   int i = 0;
+#if defined(__AVX512F__)
+  if constexpr (D > 0 && D % 16 == 0) {
+    constexpr int V = D / 16;  // R x V accumulators: 16 zmm for d = 64 and d = 128
+    for (; i + R <= rows; i += R) {
+      __m512 a[R][V];
+      for (int u = 0; u < R; ++u) {
+        const __m512 cu = _mm512_set1_ps(c[i + u]);
+        for (int x = 0; x < V; ++x) a[u][x] = _mm512_mul_ps(_mm512_loadu_ps(acc + (i + u) * D + 16 * x), cu);
+      }
+      for (int j = 0; j < cols; ++j) {
+        const float* vrow = v + j * D;
+        __m512 vv[V];
+        for (int x = 0; x < V; ++x) vv[x] = _mm512_loadu_ps(vrow + 16 * x);
+        for (int u = 0; u < R; ++u) {
+          const __m512 pb = _mm512_set1_ps(pT[j * BR + i + u]);
+          for (int x = 0; x < V; ++x) a[u][x] = _mm512_fmadd_ps(pb, vv[x], a[u][x]);
+        }
+      }
+      for (int u = 0; u < R; ++u)
+        for (int x = 0; x < V; ++x) _mm512_storeu_ps(acc + (i + u) * D + 16 * x, a[u][x]);
+    }
+  }
+#endif
   for (; i + R <= rows; i += R) {
     float a[R][DD];
     for (int u = 0; u < R; ++u)

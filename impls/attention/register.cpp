@@ -135,10 +135,11 @@ ClaimResult check_fa_linear(const ClaimSpec& spec, const std::vector<Record>& re
 ClaimResult check_fa_short(const ClaimSpec& spec, const std::vector<Record>& recs) {
   std::string measured;
   int slower = 0, faster = 0;
+  const Json where = spec.data.value("where", Json::object());  // a named copy: items() must not outlive it
   for (const auto& r : recs) {
     if (r.impl != "flash" || r.status != "ok" || r.kase.x >= 2048) continue;
     bool match = true;
-    for (const auto& [k, v] : spec.data.value("where", Json::object()).items())
+    for (const auto& [k, v] : where.items())
       if (!r.kase.params.contains(k) || r.kase.params[k] != v) match = false;
     if (!match) continue;
     const Record* naive = find(recs, "naive", r.kase.params);
@@ -167,21 +168,14 @@ void register_technique(Registry& r) {
   t.description = "scaled dot-product attention, naive (materialized P) vs flash (tiled online softmax)";
   t.validate = [](const Case& c) { case_dims(c); };
   t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return prepare(c); };
-  using Factory = std::unique_ptr<Workload> (*)(const AttnProblem&, Device&);
-  auto impl = [&](const char* name, Role role, Backend be, const char* desc, Factory f) {
-    Impl i;
-    i.technique = t.name;
-    i.name = name;
-    i.role = role;
-    i.backend = be;
-    i.description = desc;
-    i.make = [f](const Case&, const Problem& p, Device& dev) { return f(problem_as<AttnProblem>(p), dev); };
-    t.impls.push_back(std::move(i));
+  auto impl = [&](const char* name, Role role, Backend be, const char* desc,
+                  std::unique_ptr<Workload> (*f)(const AttnProblem&, Device&)) {
+    t.impls.push_back(typed_impl(t.name, name, role, be, desc, f));
   };
   impl("naive", Role::reference, Backend::cpu, "materialized P, OpenBLAS GEMMs", make_naive_cpu);
   impl("flash", Role::optimized, Backend::cpu, "tiled online softmax, O(N) memory, OpenMP", make_flash_cpu);
   impl("auto", Role::optimized, Backend::cpu, "naive below the measured crossover length, else flash",
-       [](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> { return std::make_unique<AutoCpu>(p, dev); });
+       +[](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> { return std::make_unique<AutoCpu>(p, dev); });
   impl("naive", Role::reference, Backend::cuda, "materialized P, cuBLAS GEMMs + softmax kernel", make_naive_cuda);
   impl("flash", Role::optimized, Backend::cuda, "fused tiled forward and backward kernels", make_flash_cuda);
   t.tune = [](Device& dev) {

@@ -10,19 +10,11 @@ void register_technique(Registry& r) {
   t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return prepare(c); };
   using Factory = std::unique_ptr<Workload> (*)(const GemmProblem&, Device&);
   auto impl = [&](const char* name, Role role, Backend be, const char* desc, Factory f, bool fp32_only) {
-    Impl i;
-    i.technique = t.name;
-    i.name = name;
-    i.role = role;
-    i.backend = be;
-    i.description = desc;
+    Impl i = typed_impl(t.name, name, role, be, desc, f);
     if (fp32_only)
       i.not_applicable = [](const Case& c) {
         return c.text("dtype") == "fp32" ? std::string() : std::string("fp32 inputs only");
       };
-    i.make = [f](const Case&, const Problem& p, Device& dev) -> std::unique_ptr<Workload> {
-      return f(problem_as<GemmProblem>(p), dev);
-    };
     t.impls.push_back(std::move(i));
   };
   impl("reference", Role::reference, Backend::cpu, "plain loops, float64 accumulation", make_reference, true);
