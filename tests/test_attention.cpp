@@ -133,18 +133,18 @@ TEST(AttentionReference, GradientsMatchFiniteDifferences) {
     }
 }
 
-class AttentionOptions : public ::testing::TestWithParam<std::tuple<const char*, bool, int, int, int>> {};
+class AttentionOptions : public ::testing::TestWithParam<std::tuple<std::string, bool, int, int, int>> {};
 
 TEST_P(AttentionOptions, FlashWithinTwiceNaiveErrorForwardAndBackward) {
   const auto [dtype, causal, h_kv, n, d] = GetParam();
-  const double floor = std::string(dtype) == "fp32" ? 1e-5 : 1e-3;
+  const double floor = dtype == "fp32" ? 1e-5 : 1e-3;
   expect_flash_within_rule(Json{{"b", 2}, {"h", 4}, {"h_kv", h_kv}, {"n", n}, {"n_kv", n + 7}, {"d", d},
                                 {"causal", causal}, {"dtype", dtype}, {"pass", "fwd_bwd"}},
                            floor);
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, AttentionOptions,
-                         ::testing::Combine(::testing::Values("fp32", "bf16", "fp16"), ::testing::Bool(),
+                         ::testing::Combine(::testing::Values(std::string("fp32"), std::string("bf16"), std::string("fp16")), ::testing::Bool(),
                                             ::testing::Values(4, 2, 1),  // MHA, GQA, MQA
                                             ::testing::Values(37, 130),  // not multiples of the 64 tile
                                             ::testing::Values(64, 40)));

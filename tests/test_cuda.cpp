@@ -66,7 +66,7 @@ const Impl& attention_impl(const std::string& name) {
 }
 }  // namespace
 
-class AttentionCuda : public ::testing::TestWithParam<std::tuple<const char*, bool, int, int>> {};
+class AttentionCuda : public ::testing::TestWithParam<std::tuple<std::string, bool, int, int>> {};
 
 TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
   REQUIRE_CUDA();
@@ -88,7 +88,7 @@ TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
       EXPECT_EQ(r.counter("nan_count") + r.counter("inf_count"), 0) << impl << " " << c.id;
       errs[impl] = r.counters;
     }
-    const double floor = std::string(dtype) == "fp32" ? 1e-5 : 1e-3;
+    const double floor = dtype == "fp32" ? 1e-5 : 1e-3;
     for (const char* t : {"o", "dq", "dk", "dv"}) {
       const std::string key = std::string("max_abs_err_") + t;
       EXPECT_LE(errs["flash"].at(key), 2 * errs["naive"].at(key) + floor) << c.id << " " << key;
@@ -97,5 +97,5 @@ TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, AttentionCuda,
-                         ::testing::Combine(::testing::Values("fp32", "bf16", "fp16"), ::testing::Bool(),
+                         ::testing::Combine(::testing::Values(std::string("fp32"), std::string("bf16"), std::string("fp16")), ::testing::Bool(),
                                             ::testing::Values(4, 1), ::testing::Values(64, 128, 40)));
