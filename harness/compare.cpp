@@ -72,6 +72,17 @@ CompareResult compare_results(const LoadedResults& base, const LoadedResults& cu
     }
     if (b.status != "ok") continue;
 
+    // A dispatcher that chose differently (counters named choice_*, e.g. attention/auto picking flash
+    // instead of naive after a new tuning) ran another implementation: its figures are not comparable.
+    std::string changed_choice;
+    for (const auto& [k, bv] : b.counters)
+      if (k.rfind("choice_", 0) == 0 && c.counters.count(k) && c.counters.at(k) != bv) changed_choice = k;
+    if (!changed_choice.empty()) {
+      add({b.name, changed_choice, num(b.counters.at(changed_choice)), num(c.counters.at(changed_choice)), "",
+           "not_compared", "the dispatcher chose another implementation than in the baseline", false});
+      continue;
+    }
+
     for (const auto& [k, bv] : b.counters) {
       const auto cit = c.counters.find(k);
       const bool have = cit != c.counters.end();

@@ -6,6 +6,8 @@
 //   time: two-sided Mann-Whitney U over the repetitions, a regression when p < alpha AND the median
 //     slowed by more than the minimum effect; only against a baseline of the same machine class.
 //   status: ok -> oom/error/skipped is a regression; missing cases are regressions unless allowed.
+//   choice: a case whose choice_* counter (a dispatcher's decision) differs from the baseline's ran a
+//     different implementation; it is listed as not compared.
 #pragma once
 
 #include <string>

@@ -294,9 +294,12 @@ def build_series(cases, x_param):
     """{label: [Case sorted by x]} for one technique."""
     multi_suite = len({c.suite for c in cases}) > 1
     multi_backend = len({c.backend for c in cases}) > 1
+    # Only the parameters that vary across the technique's cases name a series.
+    keys = {k for c in cases for k in c.params}
+    varying = {k for k in keys if len({json.dumps(c.params.get(k), sort_keys=True) for c in cases}) > 1}
     series = {}
     for c in cases:
-        rest = " ".join(f"{k}={v}" for k, v in c.params.items() if k != x_param)
+        rest = " ".join(f"{k}={v}" for k, v in c.params.items() if k != x_param and k in varying)
         label = " ".join(p for p in (c.suite if multi_suite else "", c.impl, rest,
                                      f"[{c.backend}]" if multi_backend else "") if p)
         series.setdefault(label, []).append(c)
@@ -408,15 +411,17 @@ def line_plot(series, colors, x_label, value_fn, title, ylabel, kind, errbars=No
 
 def tradeoff_plot(series, colors, x_param):
     """Memory-vs-time scatter at the largest x with >= 2 usable points, with Pareto front."""
-    by_x = {}
+    by_x, impls_at = {}, {}
     for label, lst in series.items():
         for c in lst:
             if c.ok and c.x is not None and c.median_time and _isnum(c.counters.get("peak_bytes")):
                 by_x.setdefault(c.x, []).append((c.median_time, c.counters["peak_bytes"], label))
+                impls_at.setdefault(c.x, set()).add(c.impl)
     usable = [x for x, pts in by_x.items() if len(pts) >= 2]
     if not usable:
         return None, "No value of the sweep has two or more ok cases with both time and peak memory; no trade-off plot."
-    x = max(usable)
+    # The largest size at which the most implementations ran ok (an oom leaves a size with fewer).
+    x = max(usable, key=lambda v: (len(impls_at[v]), v))
     pts = by_x[x]
     front = pareto_front(pts)
     fig, ax = plt.subplots(figsize=(6.2, 4.2))
@@ -440,7 +445,7 @@ def tradeoff_plot(series, colors, x_param):
     place_legend(fig, ax, len(pts) + 1)
     fig.tight_layout()
     names = ", ".join(p[2] for p in front)
-    cap = (f"Each series at {esc(x_param)}={x:g} (largest value with ≥ 2 ok cases). "
+    cap = (f"Each series at {esc(x_param)}={x:g} (the largest value at which the most implementations ran ok). "
            f"Outlined points are Pareto-optimal (no other point is both faster and smaller): {esc(names)}.")
     return fig_to_img(fig, f"trade-off {x_param}={x:g}"), cap
 

@@ -253,7 +253,7 @@ TEST(Attention, AutoUsesTheStoredCrossover) {
     std::map<std::string, double> counters;
     w->add_counters(counters);
     EXPECT_EQ(counters.at("crossover_n"), 100);
-    EXPECT_EQ(counters.at("chose_flash"), n >= 100 ? 1 : 0);
+    EXPECT_EQ(counters.at("choice_flash"), n >= 100 ? 1 : 0);
     EXPECT_LT(w->error().rel_l2, 1e-6);
   }
   unsetenv("MEMTRADE_STATE_DIR");

@@ -161,3 +161,17 @@ TEST(Compare, UnreadableFilesAreResultsErrorsNamingTheFile) {
   std::ofstream(badtime) << R"({"benchmarks": [{"name": "a", "real_time": "fast", "time_unit": "ns"}]})";
   EXPECT_THROW(load_results(badtime), ResultsError);
 }
+
+TEST(Compare, ADifferentDispatchChoiceIsNotComparedNotARegression) {
+  auto base = sample(), cur = sample();
+  base.cases[0].counters["choice_flash"] = 0;
+  cur.cases[0].counters["choice_flash"] = 1;
+  cur.cases[0].counters["peak_bytes"] += 4096;  // the other implementation's memory
+  const auto r = compare_results(base, cur, {});
+  EXPECT_EQ(r.regressions, 0);
+  bool listed = false;
+  for (const auto& row : r.rows) listed |= row.metric == "choice_flash" && row.verdict == "not_compared";
+  EXPECT_TRUE(listed);
+  cur.cases[0].counters["choice_flash"] = 0;  // same choice: the growth counts again
+  EXPECT_EQ(compare_results(base, cur, {}).regressions, 1);
+}

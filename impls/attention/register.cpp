@@ -75,7 +75,7 @@ class AutoCpu final : public Workload {
   void add_counters(std::map<std::string, double>& c) override {
     inner_->add_counters(c);
     c["crossover_n"] = static_cast<double>(crossover_);
-    c["chose_flash"] = chose_flash_ ? 1 : 0;
+    c["choice_flash"] = chose_flash_ ? 1 : 0;
   }
 
  private:
