@@ -4,7 +4,7 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-pkgs=(cmake ninja-build g++ git libgtest-dev libbenchmark-dev nlohmann-json3-dev libopenblas-dev chromium)
+pkgs=(cmake ninja-build g++ git libgtest-dev libbenchmark-dev nlohmann-json3-dev libopenblas-dev chromium fortunes)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -12,7 +12,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-if ! python3 -c "import matplotlib, numpy, PIL" 2>/dev/null; then
-  echo "install_deps: installing matplotlib for $(command -v python3)"
-  python3 -m pip install -q matplotlib numpy pillow
+# matplotlib for the report; safetensors only as the independent reader in the checkpoint-format test.
+if ! python3 -c "import matplotlib, numpy, PIL, safetensors" 2>/dev/null; then
+  echo "install_deps: installing matplotlib and safetensors for $(command -v python3)"
+  python3 -m pip install -q matplotlib numpy pillow safetensors
 fi
