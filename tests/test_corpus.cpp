@@ -1,6 +1,8 @@
 #include "datasets/corpus.hpp"
 
 #include <gtest/gtest.h>
+
+#include "test_util.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,14 +27,7 @@ std::span<const uint8_t> as_bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using memtrade::test::error_of;
 
 void write_file(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());

@@ -20,16 +20,8 @@ using namespace memtrade::precision;
 
 namespace {
 
-uint32_t fbits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float bitsf(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+uint32_t fbits(float f) { return detail::float_as_bits(f); }
+float bitsf(uint32_t u) { return detail::bits_as_float(u); }
 bool is_nan_bf16(bf16_t b) { return (b.bits & 0x7FFFu) > 0x7F80u; }
 // Counter-based random bits: draw i of stream seed.
 uint32_t rbits(uint64_t seed, uint64_t i) { return static_cast<uint32_t>(data::mix64(seed * 0x9E3779B97F4A7C15ull + i)); }

@@ -1,6 +1,8 @@
 #include "impls/model/safetensors.hpp"
 
 #include <gtest/gtest.h>
+
+#include "test_util.hpp"
 #include <unistd.h>
 
 #include <cmath>
@@ -40,14 +42,7 @@ std::string le64(uint64_t n) {
 // A raw file: length field, header text, buffer.
 std::string raw(const std::string& header, const std::string& buffer) { return le64(header.size()) + header + buffer; }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using memtrade::test::error_of;
 
 // The tensors the round-trip and interoperability tests write: every dtype, a scalar, an empty
 // tensor, and odd-sized ones so that later tensors start unaligned.
