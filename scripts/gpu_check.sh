@@ -27,7 +27,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 log "GPU: $(tail -n +2 "$OUT/nvidia-smi.csv" | head -1)"
 
 t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+# MEMTRADE_CUDA_ARCH overrides the detected architecture (e.g. 90 to rehearse the script without a GPU).
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${MEMTRADE_CUDA_ARCH:-native}" \
   ${prefix:+-DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$prefix/usr/include"} \
   > "$OUT/configure.log" 2>&1 || { log "configure FAILED (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build/gpu -j "$(nproc)" > "$OUT/build.log" 2>&1 || { log "build FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1; }
