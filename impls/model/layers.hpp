@@ -117,9 +117,10 @@ MT_HD void rope_rotate_pair(T x1, T x2, T c, T s, T& y1, T& y2) {
   y2 = x2 * c + x1 * s;
 }
 
+// Rotates every pair of x into y by +angle (sign = 1) or -angle (sign = -1, the inverse).
 // x, y: [seq x heads x head_dim], head_dim even; y may alias x (in place). Position of token t is t.
 template <class T>
-MT_HD void rope_forward(const T* x, T* y, int64_t seq, int64_t heads, int64_t head_dim, float theta = 10000.f) {
+MT_HD void rope_apply(const T* x, T* y, int64_t seq, int64_t heads, int64_t head_dim, float theta, T sign) {
   const int64_t half = head_dim / 2;
   for (int64_t t = 0; t < seq; ++t)
     for (int64_t i = 0; i < half; ++i) {
@@ -127,24 +128,20 @@ MT_HD void rope_forward(const T* x, T* y, int64_t seq, int64_t heads, int64_t he
       rope_cos_sin(t, i, head_dim, theta, c, s);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = (t * heads + h) * head_dim;
-        rope_rotate_pair(x[base + i], x[base + i + half], c, s, y[base + i], y[base + i + half]);
+        rope_rotate_pair(x[base + i], x[base + i + half], c, sign * s, y[base + i], y[base + i + half]);
       }
     }
 }
 
-// dx = R^T dy; dx may alias dy.
+template <class T>
+MT_HD void rope_forward(const T* x, T* y, int64_t seq, int64_t heads, int64_t head_dim, float theta = 10000.f) {
+  rope_apply(x, y, seq, heads, head_dim, theta, T(1));
+}
+
+// dx = R^T dy (the inverse rotation); dx may alias dy.
 template <class T>
 MT_HD void rope_backward(const T* dy, T* dx, int64_t seq, int64_t heads, int64_t head_dim, float theta = 10000.f) {
-  const int64_t half = head_dim / 2;
-  for (int64_t t = 0; t < seq; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      T c, s;
-      rope_cos_sin(t, i, head_dim, theta, c, s);
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t base = (t * heads + h) * head_dim;
-        rope_rotate_pair(dy[base + i], dy[base + i + half], c, -s, dx[base + i], dx[base + i + half]);
-      }
-    }
+  rope_apply(dy, dx, seq, heads, head_dim, theta, T(-1));
 }
 
 // ---- SwiGLU activation ----
