@@ -85,6 +85,20 @@ inline constexpr int kCpuBlockQ = 64, kCpuBlockK = 64, kCpuSlots = 16;
 std::size_t cpu_flash_slot_bytes(int64_t d);
 int64_t cpu_flash_slots(const Dims& s);
 
+// The CPU flash kernels over caller-owned buffers in the layout above (dtype s.dtype), for callers
+// that own their tensors (the model's training step). ws: cpu_flash_slots(s) slots of
+// cpu_flash_slot_bytes(s.d) bytes. lse [B*H*N] fp32 is written by the forward when not null and read by
+// the backward; delta [B*H*N] fp32 is backward scratch. Unused gradient pointers may be null in forward.
+struct FlashCpuBuffers {
+  const void *q, *k, *v;
+  void* o;
+  const void* dout;
+  void *dq, *dk, *dv;
+};
+void flash_forward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
+void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
+                        float* delta);
+
 std::unique_ptr<Workload> make_naive_cpu(const AttnProblem& p, Device& dev);
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev);
 std::unique_ptr<Workload> make_naive_cuda(const AttnProblem& p, Device& dev);

@@ -230,27 +230,23 @@ struct Slot {
   }
 };
 
-class FlashCpu final : public AttnWorkload {
- public:
-  using AttnWorkload::AttnWorkload;
+// An untyped device pointer with the Tensor-like accessor the kernels use.
+struct Ptr {
+  const void* p = nullptr;
+  template <class T>
+  T* as() const { return static_cast<T*>(const_cast<void*>(p)); }
+};
 
-  void run() override {
-    const int64_t slots = cpu_flash_slots(s_);
-    Buffer ws(dev_.memory(), slots * cpu_flash_slot_bytes(s_.d), Tag::workspace);
-    Buffer lse, delta;
-    if (s_.backward) {
-      lse = Buffer(dev_.memory(), s_.rows() * sizeof(float), Tag::activations);
-      delta = Buffer(dev_.memory(), s_.rows() * sizeof(float), Tag::workspace);
-    }
-    auto dispatch = [&](auto tag) {
-      using T = decltype(tag);
-      forward<T>(ws.as<float>(), slots, lse.as<float>());
-      if (s_.backward) backward<T>(ws.as<float>(), slots, lse.as<float>(), delta.as<float>());
-    };
-    if (s_.dtype == DType::f32) dispatch(float{});
-    else if (s_.dtype == DType::bf16) dispatch(bf16_t{});
-    else dispatch(f16_t{});
-  }
+// The forward and backward kernels over caller-owned [B, H, N, D] buffers.
+class FlashKernel {
+ public:
+  FlashKernel(const Dims& s, const FlashCpuBuffers& b)
+      : s_(s), q_{b.q}, k_{b.k}, v_{b.v}, o_{b.o}, dout_{b.dout}, dq_{b.dq}, dk_{b.dk}, dv_{b.dv} {}
+
+  template <class T>
+  void run_forward(float* ws, int64_t slots, float* lse) { forward<T>(ws, slots, lse); }
+  template <class T>
+  void run_backward(float* ws, int64_t slots, const float* lse, float* delta) { backward<T>(ws, slots, lse, delta); }
 
  private:
   // Keys [k0, k1) of a query tile [i0, i1) that are not all masked.
@@ -423,9 +419,50 @@ class FlashCpu final : public AttnWorkload {
         for (int x = 0; x < d; ++x) dq_.as<T>()[(bh * n + i0 + i) * d + x] = from_f32<T>(w.acc[i * d + x]);
     }
   }
+
+  const Dims s_;
+  Ptr q_, k_, v_, o_, dout_, dq_, dk_, dv_;
 };
 
+// The benchmark workload: tracked workspace around the kernels.
+class FlashCpu final : public AttnWorkload {
+ public:
+  using AttnWorkload::AttnWorkload;
+
+  void run() override {
+    const int64_t slots = cpu_flash_slots(s_);
+    Buffer ws(dev_.memory(), slots * cpu_flash_slot_bytes(s_.d), Tag::workspace);
+    Buffer lse, delta;
+    if (s_.backward) {
+      lse = Buffer(dev_.memory(), s_.rows() * sizeof(float), Tag::activations);
+      delta = Buffer(dev_.memory(), s_.rows() * sizeof(float), Tag::workspace);
+    }
+    const FlashCpuBuffers b{q_.data(), k_.data(), v_.data(), o_.data(), dout_.data(), dq_.data(), dk_.data(), dv_.data()};
+    flash_forward_cpu(s_, b, ws.as<float>(), slots, lse.as<float>());
+    if (s_.backward) flash_backward_cpu(s_, b, ws.as<float>(), slots, lse.as<float>(), delta.as<float>());
+  }
+};
+
+template <class F>
+void by_dtype(DType t, F&& f) {
+  if (t == DType::f32) f(float{});
+  else if (t == DType::bf16) f(bf16_t{});
+  else if (t == DType::f16) f(f16_t{});
+  else throw Error(std::string("flash attention: unsupported dtype ") + dtype_name(t));
+}
+
 }  // namespace
+
+void flash_forward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse) {
+  FlashKernel k(s, b);
+  by_dtype(s.dtype, [&](auto tag) { k.run_forward<decltype(tag)>(ws, slots, lse); });
+}
+
+void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
+                        float* delta) {
+  FlashKernel k(s, b);
+  by_dtype(s.dtype, [&](auto tag) { k.run_backward<decltype(tag)>(ws, slots, lse, delta); });
+}
 
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev) { return std::make_unique<FlashCpu>(p, dev); }
 
