@@ -46,6 +46,8 @@ struct Work {
   double flops = 0;       // floating-point operations per call
   double bytes = 0;       // fewest bytes the call must move through memory
   std::string gemm_dtype;  // which GEMM ceiling the flops are compared with ("fp32", "bf16", ...); empty: none
+  double items = 0;        // domain units per call (e.g. tokens), reported as <item_unit>_per_s
+  std::string item_unit;   // "tokens", ...
 };
 
 // Host-side inputs and oracle of one case, shared by its implementations.
@@ -62,6 +64,9 @@ class Workload {
   virtual Work work() const = 0;
   // Further figures of the last run (e.g. per-output errors), added to the record's counters.
   virtual void add_counters(std::map<std::string, double>& /*counters*/) {}
+  // Provenance of the last run that is not a number (e.g. the corpus checksum), stored as the
+  // record's status_detail.
+  virtual std::string detail() { return {}; }
 };
 
 struct Impl {

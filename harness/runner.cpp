@@ -51,6 +51,7 @@ void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilin
       if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_gemm_ceiling"] = work.flops / t / it->second;
     }
   }
+  if (work.items > 0 && !work.item_unit.empty()) rec.counters[work.item_unit + "_per_s"] = work.items / t;
   if (work.bytes > 0) {
     rec.counters["bytes_moved"] = work.bytes;
     rec.counters["gbytes_per_s"] = work.bytes / t * 1e-9;
@@ -139,6 +140,7 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     rec.counters["nan_count"] = static_cast<double>(e.nan_count);
     rec.counters["inf_count"] = static_cast<double>(e.inf_count);
     w->add_counters(rec.counters);
+    rec.detail = w->detail();
 
     // Timing.
     time_with_gbench(rec, *w, dev, repetitions, min_time_s);

@@ -2,6 +2,7 @@
 #include "harness/registry.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/gemm/gemm.hpp"
+#include "impls/precision/precision.hpp"
 
 namespace memtrade {
 
@@ -10,6 +11,7 @@ const Registry& registry() {
     Registry reg;
     gemm::register_technique(reg);
     attn::register_technique(reg);
+    precision::register_technique(reg);
     return reg;
   }();
   return r;

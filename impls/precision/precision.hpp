@@ -20,6 +20,7 @@
 
 #include "harness/common.hpp"
 #include "harness/dtype.hpp"
+#include "harness/registry.hpp"
 
 namespace memtrade::precision {
 
@@ -160,5 +161,8 @@ MT_HD bf16_t round_bf16_stochastic(float x, uint32_t random_bits) {
 // round to +-0 in fp16 (round to nearest even: |g| <= 2^-25). 0 when no value is nonzero. Measures the
 // gradient underflow that loss scaling avoids.
 double underflow_fraction_fp16(std::span<const float> grads);
+
+// The `precision` technique (register.cpp): the model trained under every policy.
+void register_technique(Registry& r);
 
 }  // namespace memtrade::precision

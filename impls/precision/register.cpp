@@ -1,0 +1,338 @@
+// The `precision` technique: the model of impls/model trained for N steps under each precision policy
+// from the same initialization and data (byte-level language modelling on the fortunes corpus).
+//
+// Per case and policy the workload, when it is made:
+//   1. computes the gradient of one batch at the initial weights and compares it with the float64
+//      reference step's gradient (the case's error figures: rel_l2_err etc.);
+//   2. trains `steps` optimizer steps and evaluates the validation loss; records the loss curve, the
+//      loss-scale trajectory, skipped steps and the fp16 underflow fraction of the weight gradients.
+//      A run whose loss turns non-finite stops there and is recorded as diverged (not an error).
+// Its run() (what is timed and memory-measured) is one further optimizer step: peak bytes per tag and
+// tokens/s are those of a training step.
+//
+// Case parameters: the model config (dim, layers, heads, kv_heads, ffn, context; see model.hpp), batch,
+// steps, lr, warmup_steps, weight_decay, eval_batches, seed, growth_interval (loss scaler), and
+// optionally corpus_sha256 (the run fails with a clear error if the installed corpus differs).
+#include <cmath>
+#include <optional>
+
+#include "datasets/corpus.hpp"
+#include "harness/stats.hpp"
+#include "impls/model/train.hpp"
+#include "impls/precision/precision.hpp"
+
+namespace memtrade::precision {
+
+void register_technique(Registry& r);
+
+namespace {
+
+double number(const Case& c, const char* key, double fallback) {
+  if (!c.params.contains(key)) return fallback;
+  MT_CHECK(c.params.at(key).is_number(), "case " + c.id + ": \"" + key + "\" must be a number");
+  return c.params.at(key).get<double>();
+}
+
+struct TrainCase {
+  model::Config cfg;
+  model::TrainOptions opts;
+  int64_t steps = 0, eval_batches = 0;
+  uint64_t seed = 0;
+};
+
+TrainCase read_case(const Case& c) {
+  TrainCase t;
+  Json cfg = c.params;
+  if (!cfg.contains("context") && cfg.contains("seq")) cfg["context"] = cfg["seq"];
+  t.cfg = model::config_from_json(cfg);
+  t.opts.batch = c.integer("batch");
+  t.opts.seq = c.integer("seq", t.cfg.context);
+  t.opts.lr = static_cast<float>(number(c, "lr", 1e-3));
+  t.opts.warmup_steps = c.integer("warmup_steps", 0);
+  t.opts.weight_decay = static_cast<float>(number(c, "weight_decay", 0.1));
+  t.opts.growth_interval = c.integer("growth_interval", 2000);
+  t.steps = c.integer("steps");
+  t.eval_batches = c.integer("eval_batches", 8);
+  t.seed = static_cast<uint64_t>(c.integer("seed", 1));
+  t.opts.seed = t.seed;
+  MT_CHECK(t.steps >= 0 && t.eval_batches > 0, "case " + c.id + ": steps must be >= 0 and eval_batches > 0");
+  model::validate(t.cfg, t.opts);
+  return t;
+}
+
+struct PrecisionProblem final : Problem {
+  TrainCase tc;
+  data::Corpus corpus;
+  data::Split split;
+  std::vector<float> init;
+  data::Batch probe;
+  std::vector<double> oracle_grad;            // float64 gradient of `probe` at `init`
+  mutable std::optional<double> fp32_val;     // the fp32 policy's validation loss, once it has run
+
+  data::Batch train_batch(int64_t step) const {
+    return data::sample_batch(split.train, tc.opts.batch, tc.opts.seq, tc.seed, static_cast<uint64_t>(step));
+  }
+  data::Batch val_batch(int64_t k) const {
+    return data::sample_batch(split.val, tc.opts.batch, tc.opts.seq, tc.seed + 1000, static_cast<uint64_t>(k));
+  }
+};
+
+std::unique_ptr<Problem> prepare(const Case& c) {
+  auto p = std::make_unique<PrecisionProblem>();
+  p->tc = read_case(c);
+  p->corpus = data::load_fortunes(c.text("corpus_dir", "/usr/share/games/fortunes"));
+  const std::string want = c.text("corpus_sha256", "");
+  MT_CHECK(want.empty() || want == p->corpus.sha256,
+           "corpus " + p->corpus.source + " has SHA-256 " + p->corpus.sha256 + ", the case expects " + want +
+               " (a different fortunes package version: update corpus_sha256 in the suite, or install that version)");
+  p->split = data::split(p->corpus);
+  p->init = model::init_params(p->tc.cfg, p->tc.seed);
+  p->probe = p->train_batch(0);
+  auto dev = make_cpu_device();
+  model::TrainOptions o = p->tc.opts;
+  o.float64 = true;
+  p->oracle_grad = model::make_trainer_cpu(p->tc.cfg, o, *dev, p->init)->gradients(p->probe);
+  return p;
+}
+
+class TrainWorkload final : public Workload {
+ public:
+  TrainWorkload(const PrecisionProblem& p, Policy policy, Device& dev) : p_(p), policy_(policy), dev_(dev) {
+    if (dev.backend() != Backend::cpu) throw Skip("the training step runs on the CPU only for now");
+    model::TrainOptions o = p.tc.opts;
+    o.policy = policy;
+    trainer_ = model::make_trainer_cpu(p.tc.cfg, o, dev, p.init);
+    const auto g = trainer_->gradients(p.probe);
+    err_ = error_stats(g, p.oracle_grad);
+    train();
+  }
+
+  void run() override {
+    const data::Batch micro[] = {p_.train_batch(next_++)};
+    trainer_->step(micro);
+  }
+
+  ErrorStats error() override { return err_; }
+
+  Work work() const override {
+    Work w;
+    const double tokens = static_cast<double>(p_.tc.opts.batch * p_.tc.opts.seq);
+    w.flops = model::train_flops_per_token(p_.tc.cfg, p_.tc.opts.seq) * tokens;
+    w.gemm_dtype = "fp32";  // the CPU runs every GEMM in fp32 (16-bit operands are widened)
+    w.items = tokens;
+    w.item_unit = "tokens";
+    return w;
+  }
+
+  void add_counters(std::map<std::string, double>& c) override {
+    for (const auto& [k, v] : counters_) c[k] = v;
+    const auto& pool = dev_.memory();
+    const double state = static_cast<double>(pool.by_tag(Tag::weights).live + pool.by_tag(Tag::grads).live +
+                                             pool.by_tag(Tag::master).live + pool.by_tag(Tag::optimizer).live);
+    c["model_state_bytes_per_param"] = state / static_cast<double>(model::param_layout(p_.tc.cfg).total);
+  }
+
+  std::string detail() override {
+    return "corpus " + p_.corpus.source + " sha256 " + p_.corpus.sha256 + "; " + std::to_string(p_.tc.steps) +
+           " steps of " + std::to_string(p_.tc.opts.batch) + "x" + std::to_string(p_.tc.opts.seq) + " tokens";
+  }
+
+ private:
+  void train() {
+    const int64_t steps = p_.tc.steps;
+    const int64_t every = std::max<int64_t>(1, steps / 10);
+    int64_t nonzero = 0, under = 0, applied_non_finite = 0;
+    double first = NAN, last = NAN;
+    std::optional<int64_t> diverged;
+    float min_scale = trainer_->scaler().scale();
+    for (int64_t s = 0; s < steps; ++s) {
+      const data::Batch micro[] = {p_.train_batch(s)};
+      const model::StepStats st = trainer_->step(micro);
+      nonzero += st.grad_nonzero;
+      under += st.grad_underflow_fp16;
+      if (st.non_finite && st.applied) ++applied_non_finite;
+      min_scale = std::min(min_scale, st.loss_scale);
+      if (s == 0) first = st.loss;
+      last = st.loss;
+      if (s % every == 0 || s == steps - 1) {
+        char key[64];
+        std::snprintf(key, sizeof key, "curve_loss_step_%05lld", static_cast<long long>(s));
+        if (std::isfinite(st.loss)) counters_[key] = st.loss;
+        std::snprintf(key, sizeof key, "curve_scale_step_%05lld", static_cast<long long>(s));
+        counters_[key] = st.loss_scale;
+      }
+      if (!std::isfinite(st.loss)) {
+        diverged = s;
+        break;
+      }
+    }
+    next_ = steps;
+    const auto& sc = trainer_->scaler();
+    counters_["steps"] = static_cast<double>(steps);
+    counters_["params"] = static_cast<double>(model::param_layout(p_.tc.cfg).total);
+    counters_["skipped_steps"] = static_cast<double>(sc.skipped_steps());
+    counters_["non_finite_steps_applied"] = static_cast<double>(applied_non_finite);
+    counters_["loss_scale_final"] = sc.scale();
+    counters_["loss_scale_min"] = min_scale;
+    counters_["grad_underflow_fp16"] = nonzero > 0 ? static_cast<double>(under) / static_cast<double>(nonzero) : 0.0;
+    counters_["diverged"] = diverged ? 1.0 : 0.0;
+    if (diverged) counters_["diverged_at_step"] = static_cast<double>(*diverged);
+    if (std::isfinite(first)) counters_["train_loss_first"] = first;
+    if (std::isfinite(last)) counters_["train_loss_last"] = last;
+    if (diverged) return;
+    double val = 0;
+    for (int64_t k = 0; k < p_.tc.eval_batches; ++k) val += trainer_->eval_loss(p_.val_batch(k));
+    val /= static_cast<double>(p_.tc.eval_batches);
+    if (!std::isfinite(val)) {
+      counters_["diverged"] = 1.0;
+      return;
+    }
+    counters_["val_loss"] = val;
+    if (policy_ == Policy::fp32) p_.fp32_val = val;
+    if (p_.fp32_val) {
+      counters_["val_loss_delta_vs_fp32"] = val - *p_.fp32_val;
+      counters_["val_loss_rel_delta_vs_fp32"] = (val - *p_.fp32_val) / *p_.fp32_val;
+    }
+  }
+
+  const PrecisionProblem& p_;
+  const Policy policy_;
+  Device& dev_;
+  std::unique_ptr<model::Trainer> trainer_;
+  ErrorStats err_;
+  std::map<std::string, double> counters_;
+  int64_t next_ = 0;
+};
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+// The ok record of a policy at the largest model (most parameters) the run has for it.
+const Record* policy_record(const std::vector<Record>& recs, const char* policy) {
+  const Record* best = nullptr;
+  for (const auto& r : recs)
+    if (r.impl == policy && r.status == "ok" && (!best || r.counter("params") > best->counter("params"))) best = &r;
+  return best;
+}
+
+const Record* same_case(const std::vector<Record>& recs, const Record& like, const char* policy) {
+  for (const auto& r : recs)
+    if (r.impl == policy && r.status == "ok" && r.kase.id == like.kase.id) return &r;
+  return nullptr;
+}
+
+double state_bytes(const Record& r) {
+  return r.counter("peak_bytes_weights") + r.counter("peak_bytes_grads") + r.counter("peak_bytes_master") +
+         r.counter("peak_bytes_optimizer");
+}
+
+// Model state plus activations: what the training step itself must hold. The CPU backend's GEMM staging
+// buffers (16-bit operands widened to fp32; tag workspace) are left out: a GPU reads 16-bit operands
+// directly. Each tag's own peak; the state tags are constant during a step.
+double state_and_activations(const Record& r) { return state_bytes(r) + r.counter("peak_bytes_activations"); }
+
+// mp-half: bf16-mixed against fp32, with the split into model state and activations.
+ClaimResult check_mp_half(const ClaimSpec&, const std::vector<Record>& recs) {
+  const Record* f = policy_record(recs, "fp32");
+  const Record* m = f ? same_case(recs, *f, "bf16-mixed") : nullptr;
+  if (!f || !m) return {"", "out_of_scope", "needs fp32 and bf16-mixed runs of one case"};
+  const double both = state_and_activations(*m) / state_and_activations(*f);
+  const double act = m->counter("peak_bytes_activations") / f->counter("peak_bytes_activations");
+  const double state = state_bytes(*m) / state_bytes(*f);
+  const double act_share = f->counter("peak_bytes_activations") / state_and_activations(*f);
+  return {fmt("bf16-mixed/fp32: state + activations %.2f (activations %.2f, model state %.2f), ", both, act, state) +
+              fmt("whole peak %.2f; activations are %.0f%% of fp32's state + activations",
+                  m->counter("peak_bytes") / f->counter("peak_bytes"), 100 * act_share),
+          both <= 0.6 ? "reproduced" : "not_reproduced",
+          "case " + f->kase.id + "; the saving is the activations' share times one half: model state stays 16 B/param "
+          "(the fp32 master copy adds back what the 16-bit weights save). The whole peak also holds the CPU's fp32 "
+          "staging of 16-bit GEMM operands, which a GPU does not need"};
+}
+
+// mp-16B: model-state bytes per parameter of the mixed policies, from the tracked allocator.
+ClaimResult check_mp_16b(const ClaimSpec&, const std::vector<Record>& recs) {
+  std::string measured;
+  bool all = true, any = false;
+  for (const char* p : {"fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"}) {
+    const Record* r = policy_record(recs, p);
+    if (!r) continue;
+    const double b = r->counter("model_state_bytes_per_param");
+    measured += std::string(p) + fmt(" %.2f B/param; ", b);
+    if (std::string(p) == "bf16-mixed" || std::string(p) == "fp16-mixed") {
+      any = true;
+      all = all && std::fabs(b - 16.0) < 1e-9;
+    }
+  }
+  if (!any) return {measured, "out_of_scope", "no mixed-precision run"};
+  return {measured, all ? "reproduced" : "not_reproduced",
+          "weights + grads + master + moments live bytes / parameters (ZeRO's 2 + 2 + 12)"};
+}
+
+// mp-40: the saving of bf16-mixed over fp32 in model state plus activations at the run's configuration.
+ClaimResult check_mp_40(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Record* f = policy_record(recs, "fp32");
+  const Record* m = f ? same_case(recs, *f, "bf16-mixed") : nullptr;
+  if (!f || !m) return {"", "out_of_scope", "needs fp32 and bf16-mixed runs of one case"};
+  const double saving = 1.0 - state_and_activations(*m) / state_and_activations(*f);
+  const double lo = spec.data.value("min_saving", 0.35), hi = spec.data.value("max_saving", 0.45);
+  const double act_share = f->counter("peak_bytes_activations") / state_and_activations(*f);
+  return {fmt("saving %.0f%% of state + activations, with activations %.0f%% of fp32's", 100 * saving, 100 * act_share),
+          saving >= lo && saving <= hi ? "reproduced" : "not_reproduced",
+          "case " + f->kase.id + "; model state saves 0% (16 B/param either way), so the saving is half the "
+          "activation share: ~40% needs activations near 80% of memory (long sequences, large batches)"};
+}
+
+// fp16-range: fp16 without scaling loses gradients to underflow, fp16 with scaling and bf16 without it
+// train as well as fp32.
+ClaimResult check_fp16_range(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Record* f = policy_record(recs, "fp32");
+  if (!f) return {"", "out_of_scope", "needs an fp32 run"};
+  const Record* n = same_case(recs, *f, "fp16-mixed-noscale");
+  const Record* s = same_case(recs, *f, "fp16-mixed");
+  const Record* b = same_case(recs, *f, "bf16-mixed");
+  if (!n || !s || !b) return {"", "out_of_scope", "needs fp16-mixed, fp16-mixed-noscale and bf16-mixed runs"};
+  const double tol = spec.data.value("max_rel_loss_delta", 0.02);
+  auto rel = [&](const Record* r) {
+    return r->counter("diverged") > 0 ? INFINITY : std::fabs(r->counter("val_loss_rel_delta_vs_fp32", INFINITY));
+  };
+  const double un = n->counter("grad_underflow_fp16"), us = s->counter("grad_underflow_fp16");
+  const bool ok = un > 0 && un >= 10 * us && rel(s) <= tol && rel(b) <= tol;
+  return {fmt("fp16 underflow: unscaled %.2e, scaled %.2e of nonzero weight gradients; ", un, us) +
+              fmt("validation loss vs fp32: fp16-mixed %+.2f%%, bf16-mixed %+.2f%%, ", 100 * rel(s), 100 * rel(b)) +
+              fmt("fp16-mixed-noscale %+.2f%%", 100 * rel(n)),
+          ok ? "reproduced" : "not_reproduced",
+          "case " + f->kase.id + "; reproduced when unscaled fp16 loses >= 10x more gradient values to underflow than "
+          "scaled fp16 and both scaled fp16 and unscaled bf16 end within " + fmt("%.0f%%", 100 * tol) + " of fp32"};
+}
+
+}  // namespace
+
+void register_technique(Registry& r) {
+  Technique t;
+  t.name = "precision";
+  t.description = "training under fp32, bf16-mixed, fp16-mixed (dynamic loss scaling), fp16-mixed-noscale, bf16-pure";
+  t.validate = [](const Case& c) { read_case(c); };
+  t.prepare = prepare;
+  for (Policy p : all_policies) {
+    Impl i;
+    i.technique = t.name;
+    i.name = policy_name(p);
+    i.role = p == Policy::fp32 ? Role::reference : Role::optimized;
+    i.backend = Backend::cpu;
+    i.description = std::string("CPU training step, policy ") + policy_name(p);
+    i.make = [p](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
+      return std::make_unique<TrainWorkload>(problem_as<PrecisionProblem>(prob), p, dev);
+    };
+    t.impls.push_back(std::move(i));
+  }
+  t.claims["mp-half"] = check_mp_half;
+  t.claims["mp-16B"] = check_mp_16b;
+  t.claims["mp-40"] = check_mp_40;
+  t.claims["fp16-range"] = check_fp16_range;
+  r.add(std::move(t));
+}
+
+}  // namespace memtrade::precision
