@@ -1,0 +1,46 @@
+// Quantized matrix-vector and matrix-matrix products: y = deq(W) x and Y = X deq(W)^T, with W a
+// quantized [N x K] blob (see formats.hpp). A reference (plain loops, float64 accumulation), an
+// optimized CPU path (AVX-512 where available, OpenMP over rows; matmul through OpenBLAS on dequantized
+// panels), dense fp32 / bf16 baselines, and a CUDA matvec.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "harness/dtype.hpp"
+#include "impls/quant/formats.hpp"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace memtrade::quant {
+
+// y[N] = deq(W) x[K]: each dequantized weight (float, as dequantize() gives it) times x, summed in
+// float64, rounded to float once. Host.
+void matvec_reference(const QLayout& L, const uint8_t* blob, const float* x, float* y);
+
+// Y[M x N] = X[M x K] deq(W)^T, the same way (row-major X and Y). Host.
+void matmul_reference(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y);
+
+// Optimized host matvec: every packed byte read once, decoded in registers, fp32 accumulation (the
+// group's scale applied once to the group's partial sum), OpenMP over rows. No allocation.
+void matvec_cpu(const QLayout& L, const uint8_t* blob, const float* x, float* y);
+
+// Rows of W dequantized per panel by matmul_cpu.
+int64_t matmul_panel_rows(const QLayout& L);
+// Bytes of fp32 workspace matmul_cpu needs (panel rows x K floats); the caller allocates it.
+std::size_t matmul_workspace_bytes(const QLayout& L, int64_t M);
+// Optimized host matmul: dequantizes panels of W rows into `workspace` (matmul_workspace_bytes, any
+// alignment of a float) and multiplies each with cblas_sgemm into the matching columns of Y.
+void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* workspace);
+
+// Dense baselines y[N] = W[N x K] x[K], fp32 accumulation, OpenMP over rows.
+void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K);
+void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K);
+
+// CUDA matvec (matvec.cu): d_blob, d_x, d_y in device memory; asynchronous on `stream`. One warp per
+// output row; 128-bit loads of the packed codes when each row's codes start 16-byte aligned (row_bytes a
+// multiple of 16 and d_blob 16-byte aligned), byte loads otherwise; decoding through the formats.hpp
+// functions; fp32 accumulation and a warp-shuffle reduction.
+void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, CUstream_st* stream);
+
+}  // namespace memtrade::quant

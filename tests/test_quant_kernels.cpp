@@ -1,0 +1,182 @@
+// impls/quant/matvec: optimized host matvec / matmul against the float64 reference for every format,
+// on shapes that exercise group and vector tails, odd K, N = 1, M = 1 and M = 37.
+//
+// Error bound. The reference computes sum_k w_k x_k in float64 from the same dequantized weights and
+// rounds once (relative error u = 2^-24 = FLT_EPSILON / 2). The optimized paths differ by
+//   - fp32 summation of K terms in any order (vector lanes, groups, sgemm blocking): at most
+//     (K - 1) u S to first order, S = sum_k |w_k x_k|; a term's product is exact inside the fma or
+//     rounded once (u |w_k x_k|);
+//   - the group scale applied to the group's partial sum instead of to each weight: one more rounding
+//     of the partial sum (u S), and for fp8 / nf4 the product decode(q) * scale, rounded in the
+//     reference's weights, is not formed (u S);
+//   - the reference's final rounding (u |y| <= u S).
+// Together |y_opt - y_ref| <= (K + 3) u S, taken with the gamma factor (K + 3) u / (1 - (K + 3) u),
+// plus 1e-30 for underflowing products.
+#include "impls/quant/matvec.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "datasets/random.hpp"
+#include "impls/quant/formats.hpp"
+
+using namespace memtrade;
+using namespace memtrade::quant;
+
+namespace {
+
+std::vector<float> normal_vec(int64_t n, uint64_t seed, double sd = 1.0) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(sd * data::normal(seed, static_cast<uint64_t>(i)));
+  return v;
+}
+
+double bound(int64_t K, double S) {
+  const double g = static_cast<double>(K + 3) * (FLT_EPSILON / 2);
+  return g / (1 - g) * S + 1e-30;
+}
+
+// S_m,r = sum_k |w_rk x_mk| from the dequantized weights.
+std::vector<double> abs_sums(const std::vector<float>& Wd, const float* X, int64_t M, int64_t N, int64_t K) {
+  std::vector<double> S(static_cast<std::size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < N; ++r) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += std::fabs(static_cast<double>(Wd[r * K + k]) * X[m * K + k]);
+      S[m * N + r] = s;
+    }
+  return S;
+}
+
+const char* kernel_specs[] = {"int8",          "int4-g32",       "int4-g128",      "int4-g7",
+                              "int4-asym-g64", "int4-asym-g33", "fp8-e4m3",       "fp8-e5m2",
+                              "fp8-e4m3-tensor", "nf4",         "nf4-g31",        "nf4-dq"};
+
+struct Shape {
+  int64_t N, K;
+};
+const Shape shapes[] = {{1, 1}, {1, 7}, {5, 33}, {17, 100}, {64, 257}, {3, 4101}, {128, 128}, {2, 31}, {40, 1000}};
+
+}  // namespace
+
+TEST(QuantKernels, MatvecCpuMatchesReference) {
+  uint64_t seed = 1;
+  for (const char* name : kernel_specs) {
+    for (const Shape sh : shapes) {
+      const QLayout L = layout(parse_spec(name), sh.N, sh.K);
+      const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
+      const std::vector<float> x = normal_vec(sh.K, ++seed);
+      std::vector<uint8_t> blob(L.total_bytes());
+      quantize(L, W.data(), blob.data());
+      std::vector<float> Wd(W.size());
+      dequantize(L, blob.data(), Wd.data());
+      std::vector<float> yr(sh.N), yo(sh.N, NAN);
+      matvec_reference(L, blob.data(), x.data(), yr.data());
+      matvec_cpu(L, blob.data(), x.data(), yo.data());
+      const std::vector<double> S = abs_sums(Wd, x.data(), 1, sh.N, sh.K);
+      for (int64_t r = 0; r < sh.N; ++r) {
+        // The reference is the float64 dot product of dequantize()'s weights, rounded once.
+        double d = 0;
+        for (int64_t k = 0; k < sh.K; ++k) d += static_cast<double>(Wd[r * sh.K + k]) * x[k];
+        ASSERT_EQ(yr[r], static_cast<float>(d)) << name << " " << sh.N << "x" << sh.K << " row " << r;
+        ASSERT_LE(std::fabs(static_cast<double>(yo[r]) - yr[r]), bound(sh.K, S[r]))
+            << name << " " << sh.N << "x" << sh.K << " row " << r << ": " << yo[r] << " vs " << yr[r];
+      }
+    }
+  }
+}
+
+TEST(QuantKernels, MatmulCpuMatchesReference) {
+  uint64_t seed = 100;
+  const Shape mm_shapes[] = {{1, 1}, {5, 33}, {17, 100}, {64, 257}, {2, 31}, {300, 4101}};  // 300 x 4101: two panels
+  for (const char* name : kernel_specs) {
+    for (const Shape sh : mm_shapes) {
+      for (int64_t M : {int64_t{1}, int64_t{37}}) {
+        if (sh.N * sh.K > 100000 && std::string(name) != "int4-asym-g33" && std::string(name) != "nf4-dq") continue;
+        const QLayout L = layout(parse_spec(name), sh.N, sh.K);
+        const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
+        const std::vector<float> X = normal_vec(M * sh.K, ++seed);
+        std::vector<uint8_t> blob(L.total_bytes());
+        quantize(L, W.data(), blob.data());
+        std::vector<float> Wd(W.size());
+        dequantize(L, blob.data(), Wd.data());
+        std::vector<float> Yr(M * sh.N), Yo(M * sh.N, NAN);
+        std::vector<float> ws(matmul_workspace_bytes(L, M) / sizeof(float));
+        if (sh.N == 300) {
+          EXPECT_LT(static_cast<int64_t>(ws.size()), sh.N * sh.K) << "panels smaller than W";
+        }
+        matmul_reference(L, blob.data(), X.data(), M, Yr.data());
+        matmul_cpu(L, blob.data(), X.data(), M, Yo.data(), ws.data());
+        const std::vector<double> S = abs_sums(Wd, X.data(), M, sh.N, sh.K);
+        for (int64_t i = 0; i < M * sh.N; ++i) {
+          ASSERT_LE(std::fabs(static_cast<double>(Yo[i]) - Yr[i]), bound(sh.K, S[i]))
+              << name << " " << sh.N << "x" << sh.K << " M=" << M << " i " << i << ": " << Yo[i] << " vs " << Yr[i];
+        }
+        if (M == 1) {  // M = 1 matmul equals the matvec reference exactly
+          std::vector<float> yr(sh.N);
+          matvec_reference(L, blob.data(), X.data(), yr.data());
+          for (int64_t r = 0; r < sh.N; ++r) ASSERT_EQ(yr[r], Yr[r]);
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantKernels, PanelDequantizationIsBitExact) {
+  // matmul_cpu with X = identity rows picks single weights: Y[m, r] = w[r, m] exactly (one nonzero term).
+  for (const char* name : kernel_specs) {
+    const int64_t N = 20, K = 45;
+    const QLayout L = layout(parse_spec(name), N, K);
+    const std::vector<float> W = normal_vec(N * K, 777, 0.1);
+    std::vector<uint8_t> blob(L.total_bytes());
+    quantize(L, W.data(), blob.data());
+    std::vector<float> Wd(W.size());
+    dequantize(L, blob.data(), Wd.data());
+    std::vector<float> X(K * K, 0.f), Y(K * N);
+    for (int64_t k = 0; k < K; ++k) X[k * K + k] = 1.f;
+    std::vector<float> ws(matmul_workspace_bytes(L, K) / sizeof(float));
+    matmul_cpu(L, blob.data(), X.data(), K, Y.data(), ws.data());
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < N; ++r) {
+        ASSERT_EQ(Y[k * N + r], Wd[r * K + k]) << name << " r" << r << " k" << k;
+      }
+  }
+}
+
+TEST(QuantKernels, DenseBaselines) {
+  for (const Shape sh : shapes) {
+    const std::vector<float> W = normal_vec(sh.N * sh.K, 55);
+    const std::vector<float> x = normal_vec(sh.K, 56);
+    std::vector<bf16_t> Wb(W.size());
+    for (std::size_t i = 0; i < W.size(); ++i) Wb[i] = to_bf16(W[i]);
+    std::vector<float> y(sh.N), yb(sh.N);
+    matvec_dense_f32(W.data(), x.data(), y.data(), sh.N, sh.K);
+    matvec_dense_bf16(Wb.data(), x.data(), yb.data(), sh.N, sh.K);
+    for (int64_t r = 0; r < sh.N; ++r) {
+      double d = 0, db = 0, S = 0, Sb = 0;
+      for (int64_t k = 0; k < sh.K; ++k) {
+        d += static_cast<double>(W[r * sh.K + k]) * x[k];
+        S += std::fabs(static_cast<double>(W[r * sh.K + k]) * x[k]);
+        db += static_cast<double>(to_float(Wb[r * sh.K + k])) * x[k];
+        Sb += std::fabs(static_cast<double>(to_float(Wb[r * sh.K + k])) * x[k]);
+      }
+      EXPECT_LE(std::fabs(y[r] - d), bound(sh.K, S)) << sh.N << "x" << sh.K;
+      EXPECT_LE(std::fabs(yb[r] - db), bound(sh.K, Sb)) << sh.N << "x" << sh.K;
+    }
+  }
+}
+
+TEST(QuantKernels, BadArguments) {
+  const QLayout L = layout(parse_spec("int8"), 2, 2);
+  std::vector<uint8_t> blob(L.total_bytes());
+  float x[2] = {1, 2}, y[2];
+  EXPECT_THROW(matvec_cpu(L, nullptr, x, y), Error);
+  EXPECT_THROW(matmul_cpu(L, blob.data(), x, 1, y, nullptr), Error);
+  EXPECT_THROW(matmul_reference(L, blob.data(), x, 0, y), Error);
+  EXPECT_THROW(matvec_dense_f32(x, x, y, 0, 2), Error);
+}
