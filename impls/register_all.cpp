@@ -6,12 +6,17 @@
 
 namespace memtrade {
 
+namespace quant {
+void register_technique(Registry& r);  // impls/quant/register.cpp
+}
+
 const Registry& registry() {
   static const Registry r = [] {
     Registry reg;
     gemm::register_technique(reg);
     attn::register_technique(reg);
     precision::register_technique(reg);
+    quant::register_technique(reg);
     return reg;
   }();
   return r;
