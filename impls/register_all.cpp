@@ -8,6 +8,7 @@ namespace memtrade {
 
 namespace quant {
 void register_technique(Registry& r);  // impls/quant/register.cpp
+void register_model_level(Registry& r);  // impls/quant/model_level.cpp
 }
 
 const Registry& registry() {
@@ -17,6 +18,7 @@ const Registry& registry() {
     attn::register_technique(reg);
     precision::register_technique(reg);
     quant::register_technique(reg);
+    quant::register_model_level(reg);
     return reg;
   }();
   return r;

@@ -302,3 +302,31 @@ TEST(ModelCheckpoint, SafetensorsRoundTripKeepsConfigAndValues) {
   for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(h[i], to_float(to_bf16(w[i])));
   std::filesystem::remove_all(dir);
 }
+
+// The inputs the projections see, captured for weight-quantization calibration.
+TEST(ModelCalibration, LinearInputsHaveTheProjectionShapesAndFeedTheLayers) {
+  auto dev = make_cpu_device();
+  const Config c = tiny();
+  const auto w = test_params(c, 6);
+  auto t = make_trainer_cpu(c, options(Policy::fp32), *dev, w);
+  const auto batch = random_batch(2, 16, 5);
+  const auto in = t->linear_inputs(batch);
+  ASSERT_EQ(in.size(), 2u);
+  const int64_t R = 32;
+  EXPECT_EQ(in[0][0].size(), static_cast<std::size_t>(R * c.dim));
+  EXPECT_EQ(in[0][1].size(), static_cast<std::size_t>(R * c.dim));
+  EXPECT_EQ(in[0][2].size(), static_cast<std::size_t>(R * c.dim));
+  EXPECT_EQ(in[1][3].size(), static_cast<std::size_t>(R * c.ffn));
+  // Layer 0's attention input is RMSNorm(embedding) with the input_layernorm weight.
+  const ParamLayout L = param_layout(c);
+  for (int64_t r : {0, 17, 31}) {
+    const float* e = &w[L.embed + batch.inputs[r] * c.dim];
+    double ss = 0;
+    for (int64_t j = 0; j < c.dim; ++j) ss += double(e[j]) * e[j];
+    const double inv = 1.0 / std::sqrt(ss / c.dim + c.norm_eps);
+    for (int64_t j = 0; j < c.dim; ++j)
+      EXPECT_NEAR(in[0][0][r * c.dim + j], e[j] * inv * w[L.layer[0].attn_norm + j], 1e-5) << r << "," << j;
+  }
+  // Weights and optimizer state are untouched.
+  EXPECT_EQ(t->params(), std::vector<float>(w.begin(), w.end()));
+}

@@ -164,6 +164,31 @@ class CpuTrainer final : public Trainer {
     return p;
   }
 
+  std::vector<LinearInputs> linear_inputs(const data::Batch& b) override {
+    load_batch(b);
+    Acts a;
+    forward(a);
+    const int64_t R = rows(), D = c_.dim, F = c_.ffn;
+    auto widen = [](const S* p, int64_t n) {
+      std::vector<float> v(n);
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(ld(p[i]));
+      return v;
+    };
+    std::vector<LinearInputs> out;
+    for (auto& A : a.layer) {
+      Buffer rows_buf = ws(std::max(R * D, R * F));
+      LinearInputs in;
+      in[0] = widen(A.xn1.as<S>(), R * D);
+      from_heads(A.o.as<S>(), rows_buf.as<S>(), c_.heads, false);
+      in[1] = widen(rows_buf.as<S>(), R * D);
+      in[2] = widen(A.xn2.as<S>(), R * D);
+      swiglu(A.g.as<S>(), A.u.as<S>(), rows_buf.as<S>(), R * F);
+      in[3] = widen(rows_buf.as<S>(), R * F);
+      out.push_back(std::move(in));
+    }
+    return out;
+  }
+
   const precision::LossScaler& scaler() const override { return scaler_; }
   int64_t steps_taken() const override { return steps_; }
 
@@ -599,6 +624,24 @@ class CpuTrainer final : public Trainer {
 };
 
 }  // namespace
+
+std::vector<Trainer::LinearInputs> Trainer::linear_inputs(const data::Batch&) {
+  throw Error("linear_inputs: not available on this backend");
+}
+
+std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const uint8_t> train, int64_t steps,
+                              uint64_t seed) {
+  o.policy = Policy::fp32;
+  o.float64 = false;
+  o.accum_steps = 1;
+  auto dev = make_cpu_device();
+  auto t = make_trainer_cpu(c, o, *dev, init_params(c, seed));
+  for (int64_t s = 0; s < steps; ++s) {
+    const data::Batch micro[] = {data::sample_batch(train, o.batch, o.seq, seed, static_cast<uint64_t>(s))};
+    t->step(micro);
+  }
+  return t->params();
+}
 
 std::unique_ptr<Trainer> make_trainer_cpu(const Config& c, const TrainOptions& o, Device& dev,
                                           std::span<const float> init) {

@@ -22,6 +22,7 @@
 // decays matrices only (not norm weights); the learning rate warms up linearly over warmup_steps.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <span>
 #include <vector>
@@ -73,7 +74,19 @@ class Trainer {
   virtual std::vector<float> params() const = 0;
   virtual const precision::LossScaler& scaler() const = 0;
   virtual int64_t steps_taken() const = 0;
+  // The inputs of every linear layer for one batch at the current weights (forward only), as fp32
+  // [batch * seq x in_features] row-major, per layer: the attention input (q/k/v projections), the
+  // attention output (o_proj), the MLP input (gate/up projections), the SwiGLU output (down_proj).
+  // Calibration data for weight quantization. Backends without it throw Error.
+  using LinearInputs = std::array<std::vector<float>, 4>;
+  virtual std::vector<LinearInputs> linear_inputs(const data::Batch& b);
 };
+
+// fp32 training on the CPU from init_params(c, seed) over `steps` batches of the training split,
+// sample_batch(train, o.batch, o.seq, seed, step) for step = 0, 1, ... (the batches the precision
+// suite uses): the model the inference techniques load. Returns the weights.
+std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const uint8_t> train, int64_t steps,
+                              uint64_t seed);
 
 // A trainer on the CPU, starting from `init` (fp32 values, rounded to the policy's dtypes).
 std::unique_ptr<Trainer> make_trainer_cpu(const Config& c, const TrainOptions& o, Device& dev,
