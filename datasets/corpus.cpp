@@ -1,5 +1,7 @@
 #include "datasets/corpus.hpp"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -118,6 +120,11 @@ void append_entries(std::string_view text, std::vector<uint8_t>& out) {
 }
 
 }  // namespace
+
+std::filesystem::path default_fortunes_dir() {
+  if (const char* d = std::getenv("MEMTRADE_FORTUNES_DIR"); d && *d) return d;
+  return "/usr/share/games/fortunes";
+}
 
 Corpus load_fortunes(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;

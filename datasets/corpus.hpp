@@ -31,7 +31,10 @@ struct Corpus {
 // ...), which skips the *.dat indexes, the *.u8 copies and subdirectories such as off/. Throws
 // Error (with the path and an install hint) when the directory is missing, holds no usable file,
 // a file cannot be read, or the text is smaller than 64 KiB.
-Corpus load_fortunes(const std::filesystem::path& dir = "/usr/share/games/fortunes");
+// $MEMTRADE_FORTUNES_DIR when set (e.g. a tree unpacked from the .deb on a machine without apt),
+// else /usr/share/games/fortunes.
+std::filesystem::path default_fortunes_dir();
+Corpus load_fortunes(const std::filesystem::path& dir = default_fortunes_dir());
 
 // Fixed split: the last `val_fraction` of the bytes (rounded down) is validation, the rest
 // training. No shuffling, so it is the same everywhere. val_fraction must be in (0, 0.5] and

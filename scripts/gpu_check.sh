@@ -20,6 +20,8 @@ if compgen -G ".gpudeps/*.deb" >/dev/null; then
   (cd "$prefix/usr/lib/x86_64-linux-gnu" && { [ -e libopenblas.so ] || ln -sf openblas-pthread/libopenblas.so libopenblas.so; }
    [ -e libblas.so ] || ln -sf openblas-pthread/libblas.so libblas.so) 2>/dev/null
   [ -e "$prefix/usr/include/cblas.h" ] || ln -sf x86_64-linux-gnu/openblas-pthread/cblas.h "$prefix/usr/include/cblas.h" 2>/dev/null
+  # The training suites' text corpus (the fortunes packages), unpacked with the rest.
+  [ -d "$prefix/usr/share/games/fortunes" ] && export MEMTRADE_FORTUNES_DIR="$prefix/usr/share/games/fortunes"
   log "dependencies unpacked from .gpudeps into $prefix"
 fi
 

@@ -330,3 +330,20 @@ TEST(ModelCalibration, LinearInputsHaveTheProjectionShapesAndFeedTheLayers) {
   // Weights and optimizer state are untouched.
   EXPECT_EQ(t->params(), std::vector<float>(w.begin(), w.end()));
 }
+
+TEST(PrecisionSuite, ACorpusWithAnotherChecksumIsAClearError) {
+  if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << kFortunes << " is absent; apt-get install fortunes";
+  const Technique& t = registry().get("precision");
+  Case c;
+  c.suite = "precision";
+  c.id = "pinned";
+  c.params = Json{{"dim", 32}, {"layers", 1}, {"heads", 2}, {"ffn", 32}, {"context", 8}, {"batch", 1},
+                  {"steps", 1}, {"corpus_sha256", "0000"}};
+  const std::string e = error_of([&] { t.prepare(c); });
+  EXPECT_NE(e.find("has SHA-256"), std::string::npos) << e;
+  EXPECT_NE(e.find("the case expects 0000"), std::string::npos) << e;
+  c.params["corpus_dir"] = "/nonexistent/fortunes";
+  EXPECT_NE(error_of([&] { t.prepare(c); }).find("does not exist"), std::string::npos);
+  c.params = Json{{"dim", 30}, {"layers", 1}, {"heads", 4}, {"ffn", 32}, {"context", 8}, {"batch", 1}, {"steps", 1}};
+  EXPECT_NE(error_of([&] { t.validate(c); }).find("heads (4) must divide dim (30)"), std::string::npos);
+}

@@ -80,7 +80,7 @@ struct PrecisionProblem final : Problem {
 std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<PrecisionProblem>();
   p->tc = read_case(c);
-  p->corpus = data::load_fortunes(c.text("corpus_dir", "/usr/share/games/fortunes"));
+  p->corpus = data::load_fortunes(c.text("corpus_dir", data::default_fortunes_dir().string()));
   const std::string want = c.text("corpus_sha256", "");
   MT_CHECK(want.empty() || want == p->corpus.sha256,
            "corpus " + p->corpus.source + " has SHA-256 " + p->corpus.sha256 + ", the case expects " + want +

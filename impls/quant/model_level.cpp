@@ -79,7 +79,7 @@ std::shared_ptr<const Trained> trained_model(const Case& c) {
   MT_CHECK(steps >= 0 && t->eval_batches > 0 && calib_batches > 0,
            "case " + c.id + ": steps >= 0, eval_batches > 0 and calib_batches > 0 required");
   model::validate(t->cfg, t->opts);
-  t->corpus = data::load_fortunes(c.text("corpus_dir", "/usr/share/games/fortunes"));
+  t->corpus = data::load_fortunes(c.text("corpus_dir", data::default_fortunes_dir().string()));
   t->split = data::split(t->corpus);
   t->params = model::train_fp32(t->cfg, t->opts, t->split.train, steps, t->seed);
   auto dev = make_cpu_device();
