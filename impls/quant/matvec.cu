@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "harness/cuda_device.hpp"
 #include "impls/quant/formats.hpp"
 #include "impls/quant/matvec.hpp"
 
@@ -130,6 +131,10 @@ void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, floa
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Error(std::string("matvec_cuda: launch failed: ") + cudaGetErrorString(e));
+}
+
+void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, Device& dev) {
+  matvec_cuda(L, d_blob, d_x, d_y, as_cuda(dev).stream());
 }
 
 }  // namespace memtrade::quant

@@ -11,6 +11,9 @@
 #include "impls/quant/formats.hpp"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
+namespace memtrade {
+class Device;
+}
 
 namespace memtrade::quant {
 
@@ -42,5 +45,7 @@ void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int
 // multiple of 16 and d_blob 16-byte aligned), byte loads otherwise; decoding through the formats.hpp
 // functions; fp32 accumulation and a warp-shuffle reduction.
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, CUstream_st* stream);
+// The same on a CUDA Device's stream (memtrade::Error for another backend).
+void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, Device& dev);
 
 }  // namespace memtrade::quant

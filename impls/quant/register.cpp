@@ -112,19 +112,19 @@ std::unique_ptr<Problem> prepare(const Case& c) {
 class QuantWorkload final : public Workload {
  public:
   QuantWorkload(const QuantProblem& p, Device& dev, bool optimized) : p_(p), dev_(dev), optimized_(optimized) {
-    if (dev.backend() != Backend::cpu) throw Skip("the quantized kernels run on the CPU in this suite for now");
     const QuantCase& q = p.q;
     auto& pool = dev.memory();
     if (q.dense) {
       const std::size_t bytes = q.n * q.k * dtype_size(q.dense_dtype);
       w_ = Buffer(pool, bytes, Tag::weights);
-      std::memcpy(w_.data(), q.dense_dtype == DType::f32 ? static_cast<const void*>(p.w.data()) : p.w_bf16.data(), bytes);
+      dev.copy(w_.data(), q.dense_dtype == DType::f32 ? static_cast<const void*>(p.w.data()) : p.w_bf16.data(), bytes,
+               CopyKind::host_to_device);
     } else {
       w_ = Buffer(pool, p.blob.size(), Tag::weights);
-      std::memcpy(w_.data(), p.blob.data(), p.blob.size());
+      dev.copy(w_.data(), p.blob.data(), p.blob.size(), CopyKind::host_to_device);
     }
     x_ = Buffer(pool, q.m * q.k * sizeof(float), Tag::io);
-    std::memcpy(x_.data(), p.x.data(), q.m * q.k * sizeof(float));
+    dev.copy(x_.data(), p.x.data(), q.m * q.k * sizeof(float), CopyKind::host_to_device);
     y_ = Buffer(pool, q.m * q.n * sizeof(float), Tag::io);
   }
 
@@ -138,7 +138,9 @@ class QuantWorkload final : public Workload {
       return;
     }
     const uint8_t* blob = w_.as<uint8_t>();
-    if (!optimized_) {
+    if (dev_.backend() == Backend::cuda) {
+      matvec_cuda(p_.L, blob, x, y, dev_);
+    } else if (!optimized_) {
       if (q.m == 1) matvec_reference(p_.L, blob, x, y);
       else matmul_reference(p_.L, blob, x, q.m, y);
     } else if (q.m == 1) {
@@ -150,9 +152,9 @@ class QuantWorkload final : public Workload {
   }
 
   ErrorStats error() override {
-    const float* y = y_.as<float>();
-    std::vector<double> got(y, y + p_.q.m * p_.q.n);
-    return error_stats(got, p_.oracle);
+    std::vector<float> y(p_.q.m * p_.q.n);
+    dev_.copy(y.data(), y_.data(), y.size() * sizeof(float), CopyKind::device_to_host);
+    return error_stats(std::vector<double>(y.begin(), y.end()), p_.oracle);
   }
 
   Work work() const override {
@@ -220,9 +222,15 @@ void register_technique(Registry& r) {
   t.description = "quantized weights (INT8, INT4, FP8, NF4; RTN, GPTQ, AWQ) in matvec / matmul";
   t.validate = [](const Case& c) { read_case(c); };
   t.prepare = prepare;
-  auto add = [&](const char* name, Role role, const char* desc, bool optimized) {
+  auto add = [&](const char* name, Role role, const char* desc, bool optimized, Backend be = Backend::cpu) {
     Impl i;
-    if (!optimized)
+    if (be == Backend::cuda)
+      i.not_applicable = [](const Case& c) {
+        const std::string f = c.text("format");
+        if (f == "fp32" || f == "bf16") return std::string("no dense CUDA baseline in this suite yet");
+        return c.integer("m", 1) > 1 ? std::string("the CUDA kernel is a matvec (m = 1)") : std::string();
+      };
+    else if (!optimized)
       i.not_applicable = [](const Case& c) {
         const std::string f = c.text("format");
         return f == "fp32" || f == "bf16" ? std::string("the dense baselines have one implementation (cpu)")
@@ -231,7 +239,7 @@ void register_technique(Registry& r) {
     i.technique = t.name;
     i.name = name;
     i.role = role;
-    i.backend = Backend::cpu;
+    i.backend = be;
     i.description = desc;
     i.make = [optimized](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
       return std::make_unique<QuantWorkload>(problem_as<QuantProblem>(prob), dev, optimized);
@@ -240,8 +248,14 @@ void register_technique(Registry& r) {
   };
   add("reference", Role::reference, "dequantize each weight, float64 accumulation", false);
   add("cpu", Role::optimized, "packed codes decoded in registers (AVX-512, OpenMP); matmul via OpenBLAS panels", true);
+  add("cuda", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
+      Backend::cuda);
   t.claims["int4-7b"] = check_int4_7b;
   r.add(std::move(t));
 }
+
+#ifndef MEMTRADE_WITH_CUDA
+void matvec_cuda(const QLayout&, const uint8_t*, const float*, float*, Device&) { throw Skip(cuda_status().reason); }
+#endif
 
 }  // namespace memtrade::quant
