@@ -1,10 +1,18 @@
 // CUDA numerics. Built with the CUDA backend; every test skips, printing why, when no device is usable.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "attention_check.hpp"
+#include "datasets/random.hpp"
 #include "gemm_check.hpp"
 #include "harness/runner.hpp"
 #include "impls/attention/attention.hpp"
+#include "impls/model/model.hpp"
+#include "impls/model/train.hpp"
+#include "impls/quant/calibration.hpp"
+#include "impls/quant/matvec.hpp"
+#include "model_fixtures.hpp"
 
 using namespace memtrade;
 using memtrade::test::gemm_case;
@@ -99,3 +107,179 @@ TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
 INSTANTIATE_TEST_SUITE_P(Options, AttentionCuda,
                          ::testing::Combine(::testing::Values(std::string("fp32"), std::string("bf16"), std::string("fp16")), ::testing::Bool(),
                                             ::testing::Values(4, 1), ::testing::Values(64, 128, 40)));
+
+// ---- the CUDA training step (impls/model/train.cu) against the CPU trainer ----
+
+namespace {
+
+using precision::Policy;
+using test::random_tokens;
+using test::test_weights;
+using test::tiny_model;
+using test::train_options;
+
+double relative_l2(const std::vector<double>& x, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    num += (x[i] - ref[i]) * (x[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+}  // namespace
+
+// Needs no device: the float64 reference is CPU only, and a CPU device is refused, both with an Error.
+TEST(TrainCuda, Float64AndNonCudaDevicesAreRejected) {
+  auto cpu = make_cpu_device();
+  const auto c = tiny_model();
+  const auto w = model::init_params(c, 1);
+  auto o = train_options(Policy::fp32);
+  EXPECT_THROW(model::make_trainer_cuda(c, o, *cpu, w), Error);
+  o.float64 = true;
+  EXPECT_THROW(model::make_trainer_cuda(c, o, *cpu, w), Error);
+}
+
+class TrainCudaPolicy : public ::testing::TestWithParam<Policy> {};
+
+// The whole model's gradient under each policy, both trainers against the CPU float64 trainer (the design
+// rule): err_cuda <= 2 err_cpu(same policy) + floor, floor 1e-5 for fp32 and 1e-3 for the 16-bit
+// policies. fp32 is also compared directly with the CPU fp32 trainer: the two differ only in summation
+// order (relative L2 around 1e-6, as the CPU fp32 trainer against float64).
+TEST_P(TrainCudaPolicy, GradientsWithinTwiceTheCpuTrainerOfTheSamePolicy) {
+  REQUIRE_CUDA();
+  const Policy p = GetParam();
+  const auto c = tiny_model();
+  const auto w = test_weights(c, 5);
+  const auto batch = random_tokens(2, 16, 9);
+  auto cpu = make_cpu_device();
+  auto gpu = make_cuda_device();
+  const auto o = train_options(p);
+  auto o64 = o;
+  o64.float64 = true;
+  const auto g64 = model::make_trainer_cpu(c, o64, *cpu, w)->gradients(batch);
+  const auto g_cpu = model::make_trainer_cpu(c, o, *cpu, w)->gradients(batch);
+  const auto g_cuda = model::make_trainer_cuda(c, o, *gpu, w)->gradients(batch);
+  ASSERT_EQ(g_cuda.size(), g64.size());
+  for (std::size_t i = 0; i < g_cuda.size(); ++i)
+    ASSERT_TRUE(std::isfinite(g_cuda[i])) << policy_name(p) << " gradient " << i;
+  const double err_cpu = relative_l2(g_cpu, g64), err_cuda = relative_l2(g_cuda, g64);
+  const double floor = p == Policy::fp32 ? 1e-5 : 1e-3;
+  EXPECT_LE(err_cuda, 2 * err_cpu + floor) << policy_name(p) << ": cuda " << err_cuda << ", cpu " << err_cpu;
+  if (p == Policy::fp32) {
+    EXPECT_LT(relative_l2(g_cuda, g_cpu), 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, TrainCudaPolicy, ::testing::ValuesIn(precision::all_policies),
+                         [](const auto& info) {
+                           std::string n = policy_name(info.param);
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// Model state and io per tag equal the CPU trainer's to the byte. Activations: the same buffers except that
+// each layer keeps P ([B*H*T*T] fp32) instead of the CPU's log-sum-exp ([B*H*T] fp32); all freed by the
+// end of the backward, and a step's peak is repeatable.
+TEST(TrainCuda, TrackedBytesPerTagMatchTheCpuTrainer) {
+  REQUIRE_CUDA();
+  const auto c = tiny_model();
+  const auto w = model::init_params(c, 1);
+  const auto batch = random_tokens(2, 16, 4);
+  const data::Batch micro[] = {batch};
+  for (Policy p : precision::all_policies) {
+    auto cpu = make_cpu_device();
+    auto gpu = make_cuda_device();
+    const auto o = train_options(p);
+    auto tc = model::make_trainer_cpu(c, o, *cpu, w);
+    auto tg = model::make_trainer_cuda(c, o, *gpu, w);
+    auto &pc = cpu->memory(), &pg = gpu->memory();
+    for (Tag t : {Tag::weights, Tag::grads, Tag::master, Tag::optimizer, Tag::io})
+      EXPECT_EQ(pg.by_tag(t).live, pc.by_tag(t).live) << policy_name(p) << " " << tag_name(t);
+    pc.reset_peak();
+    pg.reset_peak();
+    tc->step(micro);
+    tg->step(micro);
+    const std::size_t bht = static_cast<std::size_t>(o.batch * c.heads * o.seq);
+    EXPECT_EQ(pg.by_tag(Tag::activations).peak,
+              pc.by_tag(Tag::activations).peak + c.layers * (bht * o.seq - bht) * sizeof(float))
+        << policy_name(p);
+    EXPECT_EQ(pg.by_tag(Tag::activations).live, 0u) << policy_name(p);
+    const auto first = pg.total().peak;
+    pg.reset_peak();
+    tg->step(micro);
+    EXPECT_EQ(pg.total().peak, first) << policy_name(p);
+  }
+}
+
+// Two fp32 optimizer steps on the same batches: the losses (the second one after the first update) agree
+// with the CPU fp32 trainer within 1e-4 relative, and so do the gradient counters.
+TEST(TrainCuda, TwoFp32StepsMatchTheCpuTrainer) {
+  REQUIRE_CUDA();
+  const auto c = tiny_model();
+  const auto w = test_weights(c, 5);
+  auto cpu = make_cpu_device();
+  auto gpu = make_cuda_device();
+  const auto o = train_options(Policy::fp32);
+  auto tc = model::make_trainer_cpu(c, o, *cpu, w);
+  auto tg = model::make_trainer_cuda(c, o, *gpu, w);
+  for (int step = 0; step < 2; ++step) {
+    const data::Batch micro[] = {random_tokens(2, 16, 30 + step)};
+    const model::StepStats sc = tc->step(micro), sg = tg->step(micro);
+    EXPECT_NEAR(sg.loss, sc.loss, 1e-4 * sc.loss) << "step " << step;
+    EXPECT_TRUE(sg.applied) << "step " << step;
+    EXPECT_FALSE(sg.non_finite) << "step " << step;
+    EXPECT_EQ(sg.loss_scale, 1.f);
+    EXPECT_GT(sg.grad_nonzero, 0);
+    EXPECT_NEAR(static_cast<double>(sg.grad_nonzero), static_cast<double>(sc.grad_nonzero), 1e-3 * sc.grad_nonzero);
+    EXPECT_NEAR(static_cast<double>(sg.grad_underflow_fp16), static_cast<double>(sc.grad_underflow_fp16),
+                1e-3 * sc.grad_nonzero);
+  }
+  EXPECT_EQ(tg->steps_taken(), 2);
+  const data::Batch next = random_tokens(2, 16, 40);
+  EXPECT_NEAR(tg->eval_loss(next), tc->eval_loss(next), 1e-4 * tc->eval_loss(next));
+  // The calibration inputs of every linear layer, from the updated weights.
+  const auto ic = tc->linear_inputs(next), ig = tg->linear_inputs(next);
+  ASSERT_EQ(ig.size(), ic.size());
+  for (std::size_t l = 0; l < ic.size(); ++l)
+    for (std::size_t k = 0; k < ic[l].size(); ++k) {
+      ASSERT_EQ(ig[l][k].size(), ic[l][k].size()) << "layer " << l << " input " << k;
+      const std::vector<double> a(ig[l][k].begin(), ig[l][k].end()), b(ic[l][k].begin(), ic[l][k].end());
+      EXPECT_LT(relative_l2(a, b), 1e-4) << "layer " << l << " input " << k;
+    }
+}
+
+// ---- the CUDA quantized matvec (impls/quant/matvec.cu) against the reference ----
+
+TEST(QuantCuda, MatvecEqualsTheReferenceForEveryFormat) {
+  REQUIRE_CUDA();
+  auto dev = make_cuda_device();
+  // Same bound as the CPU kernels' test: fp32 summation of K products in any order, the group-scale
+  // step and the reference's final rounding: (K + 3) u / (1 - (K + 3) u) * sum |w x|.
+  const double u = 0x1p-24;
+  for (const char* name : {"int8", "int4-g128", "int4-asym-g32", "fp8-e4m3", "fp8-e5m2-tensor", "nf4", "nf4-dq"})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {37, 200}, {64, 4101}, {300, 512}}) {
+      const quant::Spec spec = quant::parse_spec(name);
+      const auto L = quant::layout(spec, N, K);
+      const auto w = quant::synthetic_weights(N, K, 3);
+      const auto x = quant::synthetic_activations(1, K, 4);
+      std::vector<uint8_t> blob(L.total_bytes());
+      quant::quantize(L, w.data(), blob.data());
+      std::vector<float> ref(N), deq(N * K);
+      quant::matvec_reference(L, blob.data(), x.data(), ref.data());
+      quant::dequantize(L, blob.data(), deq.data());
+      Buffer db(dev->memory(), blob.size(), Tag::weights), dx(dev->memory(), K * 4, Tag::io), dy(dev->memory(), N * 4, Tag::io);
+      dev->copy(db.data(), blob.data(), blob.size(), CopyKind::host_to_device);
+      dev->copy(dx.data(), x.data(), K * 4, CopyKind::host_to_device);
+      quant::matvec_cuda(L, db.as<uint8_t>(), dx.as<float>(), dy.as<float>(), *dev);
+      std::vector<float> y(N);
+      dev->copy(y.data(), dy.data(), N * 4, CopyKind::device_to_host);
+      const double g = (K + 3) * u / (1 - (K + 3) * u);
+      for (int64_t r = 0; r < N; ++r) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += std::fabs(double(deq[r * K + k]) * x[k]);
+        ASSERT_LE(std::fabs(double(y[r]) - ref[r]), g * s + 1e-30) << name << " " << N << "x" << K << " row " << r;
+      }
+    }
+}

@@ -10,6 +10,7 @@
 #include "datasets/random.hpp"
 #include "impls/model/model.hpp"
 #include "impls/model/train.hpp"
+#include "model_fixtures.hpp"
 #include "test_util.hpp"
 
 using namespace memtrade;
@@ -19,50 +20,13 @@ using precision::Policy;
 
 namespace {
 
-Config tiny() {
-  Config c;
-  c.vocab = 256;
-  c.dim = 32;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.ffn = 48;
-  c.context = 16;
-  return c;
-}
+Config tiny() { return test::tiny_model(); }
 
-TrainOptions options(Policy p, int64_t batch = 2, int64_t seq = 16) {
-  TrainOptions o;
-  o.policy = p;
-  o.batch = batch;
-  o.seq = seq;
-  o.lr = 3e-3f;
-  return o;
-}
+TrainOptions options(Policy p, int64_t batch = 2, int64_t seq = 16) { return test::train_options(p, batch, seq); }
 
-// A batch of random bytes (no corpus needed).
-data::Batch random_batch(int64_t batch, int64_t seq, uint64_t seed) {
-  data::Batch b;
-  b.batch = batch;
-  b.context = seq;
-  for (int64_t i = 0; i < batch * seq; ++i) {
-    b.inputs.push_back(static_cast<int32_t>(data::uniform01(seed, 2 * i) * 256));
-    b.targets.push_back(static_cast<int32_t>(data::uniform01(seed, 2 * i + 1) * 256));
-  }
-  return b;
-}
+data::Batch random_batch(int64_t batch, int64_t seq, uint64_t seed) { return test::random_tokens(batch, seq, seed); }
 
-// Larger-than-init weights so that every path (attention scores, SwiGLU, norms) is far from linear.
-std::vector<float> test_params(const Config& c, uint64_t seed) {
-  auto w = init_params(c, seed);
-  const ParamLayout L = param_layout(c);
-  for (const auto& t : L.tensors)
-    for (int64_t i = 0; i < t.size; ++i) {
-      float& x = w[t.offset + i];
-      x = t.shape.size() == 1 ? 1.f + 0.3f * static_cast<float>(data::normal(seed + 1, t.offset + i)) : 8.f * x;
-    }
-  return w;
-}
+std::vector<float> test_params(const Config& c, uint64_t seed) { return test::test_weights(c, seed); }
 
 const char* kFortunes = "/usr/share/games/fortunes";
 

@@ -92,6 +92,13 @@ std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const u
 std::unique_ptr<Trainer> make_trainer_cpu(const Config& c, const TrainOptions& o, Device& dev,
                                           std::span<const float> init);
 
+// The same trainer on a CUDA device (train.cu, built with MEMTRADE_WITH_CUDA): the same buffers, tags and
+// step semantics, every kernel's math from layers.hpp / precision.hpp; attention materializes the
+// [T x T] probabilities (kept as activations instead of the CPU's log-sum-exp). Throws Error for
+// o.float64 (the float64 reference is CPU only) or a device that is not CUDA.
+std::unique_ptr<Trainer> make_trainer_cuda(const Config& c, const TrainOptions& o, Device& dev,
+                                           std::span<const float> init);
+
 // Checks a batch's shape against the options and its ids against the vocabulary.
 void check_batch(const Config& c, const TrainOptions& o, const data::Batch& b);
 

@@ -98,10 +98,10 @@ std::unique_ptr<Problem> prepare(const Case& c) {
 class TrainWorkload final : public Workload {
  public:
   TrainWorkload(const PrecisionProblem& p, Policy policy, Device& dev) : p_(p), policy_(policy), dev_(dev) {
-    if (dev.backend() != Backend::cpu) throw Skip("the training step runs on the CPU only for now");
     model::TrainOptions o = p.tc.opts;
     o.policy = policy;
-    trainer_ = model::make_trainer_cpu(p.tc.cfg, o, dev, p.init);
+    trainer_ = dev.backend() == Backend::cpu ? model::make_trainer_cpu(p.tc.cfg, o, dev, p.init)
+                                             : model::make_trainer_cuda(p.tc.cfg, o, dev, p.init);
     const auto g = trainer_->gradients(p.probe);
     err_ = error_stats(g, p.oracle_grad);
     train();
@@ -118,7 +118,8 @@ class TrainWorkload final : public Workload {
     Work w;
     const double tokens = static_cast<double>(p_.tc.opts.batch * p_.tc.opts.seq);
     w.flops = model::train_flops_per_token(p_.tc.cfg, p_.tc.opts.seq) * tokens;
-    w.gemm_dtype = "fp32";  // the CPU runs every GEMM in fp32 (16-bit operands are widened)
+    // The CPU runs every GEMM in fp32 (16-bit operands are widened); cuBLAS takes the compute dtype.
+    w.gemm_dtype = dev_.backend() == Backend::cpu ? "fp32" : dtype_name(traits(policy_).compute);
     w.items = tokens;
     w.item_unit = "tokens";
     return w;
@@ -220,7 +221,7 @@ const Record* policy_record(const std::vector<Record>& recs, const char* policy)
 
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const char* policy) {
   for (const auto& r : recs)
-    if (r.impl == policy && r.status == "ok" && r.kase.id == like.kase.id) return &r;
+    if (r.impl == policy && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
   return nullptr;
 }
 
@@ -316,18 +317,19 @@ void register_technique(Registry& r) {
   t.description = "training under fp32, bf16-mixed, fp16-mixed (dynamic loss scaling), fp16-mixed-noscale, bf16-pure";
   t.validate = [](const Case& c) { read_case(c); };
   t.prepare = prepare;
-  for (Policy p : all_policies) {
-    Impl i;
-    i.technique = t.name;
-    i.name = policy_name(p);
-    i.role = p == Policy::fp32 ? Role::reference : Role::optimized;
-    i.backend = Backend::cpu;
-    i.description = std::string("CPU training step, policy ") + policy_name(p);
-    i.make = [p](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
-      return std::make_unique<TrainWorkload>(problem_as<PrecisionProblem>(prob), p, dev);
-    };
-    t.impls.push_back(std::move(i));
-  }
+  for (Backend be : {Backend::cpu, Backend::cuda})
+    for (Policy p : all_policies) {
+      Impl i;
+      i.technique = t.name;
+      i.name = policy_name(p);
+      i.role = p == Policy::fp32 ? Role::reference : Role::optimized;
+      i.backend = be;
+      i.description = std::string(be == Backend::cpu ? "CPU" : "CUDA") + " training step, policy " + policy_name(p);
+      i.make = [p](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
+        return std::make_unique<TrainWorkload>(problem_as<PrecisionProblem>(prob), p, dev);
+      };
+      t.impls.push_back(std::move(i));
+    }
   t.claims["mp-half"] = check_mp_half;
   t.claims["mp-16B"] = check_mp_16b;
   t.claims["mp-40"] = check_mp_40;
@@ -336,3 +338,11 @@ void register_technique(Registry& r) {
 }
 
 }  // namespace memtrade::precision
+
+#ifndef MEMTRADE_WITH_CUDA
+namespace memtrade::model {
+std::unique_ptr<Trainer> make_trainer_cuda(const Config&, const TrainOptions&, Device&, std::span<const float>) {
+  throw Skip(cuda_status().reason);
+}
+}  // namespace memtrade::model
+#endif
