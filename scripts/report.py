@@ -215,7 +215,8 @@ class Case:
 def _is_counter(key):
     return (key in ("peak_bytes", "peak_extra_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
                     "nan_count", "inf_count", "tflops", "gbytes_per_s")
-            or key.startswith("peak_bytes_") or key.startswith("frac_of_"))
+            or key in {k for k, _, _ in DOMAIN_COUNTERS}
+            or key.startswith(("peak_bytes_", "frac_of_", "curve_")))
 
 
 def _entry_status(e):
@@ -531,6 +532,8 @@ def compare_section(cmp, path):
 def throughput_cell(c):
     if _isnum(c.counters.get("tflops")):
         s = fmt_si(c.counters["tflops"] * 1e12, "FLOP/s")
+        if _isnum(c.counters.get("tokens_per_s")):
+            s += f", {fmt_num(c.counters['tokens_per_s'], '.4g')} tokens/s"
     elif _isnum(c.counters.get("gbytes_per_s")):
         s = fmt_si(c.counters["gbytes_per_s"] * 1e9, "B/s")
     else:
@@ -565,6 +568,61 @@ def cases_table(series):
                   "median time", "throughput", "max_abs_err", "rel_l2_err"], rows)
 
 
+# Technique-specific figures shown in a second table when any case of the technique has them.
+DOMAIN_COUNTERS = [
+    ("tokens_per_s", "tokens/s", ".4g"), ("val_loss", "val loss", ".5g"),
+    ("val_loss_rel_delta_vs_fp32", "val loss vs fp32", "+.3%"), ("perplexity", "perplexity", ".5g"),
+    ("perplexity_rel_delta", "perplexity vs fp32", "+.3%"),
+    ("model_state_bytes_per_param", "state B/param", ".3g"), ("skipped_steps", "skipped steps", "g"),
+    ("loss_scale_final", "final loss scale", "g"), ("grad_underflow_fp16", "fp16 underflow", ".2e"),
+    ("diverged", "diverged", "g"), ("bits_per_weight", "bits/weight", ".4g"), ("weight_bytes", "weight bytes", "bytes"),
+    ("weight_rel_l2_err", "weight rel L2", ".2e"), ("calib_output_mse", "calib. output MSE", ".3e"),
+    ("frac_of_copy_ceiling", "of copy bandwidth", ".1%"),
+]
+
+
+def figures_table(series):
+    cases = [c for lst in series.values() for c in lst if c.ok]
+    keys = [k for k in DOMAIN_COUNTERS if any(_isnum(c.counters.get(k[0])) for c in cases)]
+    if not keys:
+        return ""
+
+    def cell(c, key, spec):
+        v = c.counters.get(key)
+        if not _isnum(v):
+            return ("—", "num")
+        return (esc(fmt_bytes(v) if spec == "bytes" else format(v, spec)), "num")
+
+    rows = [[esc(c.case_id), esc(c.impl), esc(c.backend)] + [cell(c, k, spec) for k, _, spec in keys] for c in cases]
+    return table(["case", "impl", "backend"] + [label for _, label, _ in keys], rows)
+
+
+def curves_plot(series, colors, tech, prefix, title, ylabel, log):
+    """Per-step curves stored as counters <prefix><step> (e.g. the training loss), one line per case."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    n = 0
+    for label, lst in series.items():
+        for c in lst:
+            pts = sorted((int(k[len(prefix):]), v) for k, v in c.counters.items()
+                         if k.startswith(prefix) and _isnum(v))
+            if len(pts) < 2:
+                continue
+            lab = label if len(lst) == 1 else f"{label} {c.case_id}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=lab, color=colors.get(label))
+            n += 1
+    if n == 0:
+        plt.close(fig)
+        return None
+    if log:
+        ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{tech}: {title}")
+    ax.grid(True, alpha=0.3)
+    place_legend(fig, ax, n)
+    return fig_to_img(fig, f"{tech} {title}")
+
+
 def technique_section(tech, path, results, cases):
     x_param, x_label = x_info(results, tech, cases)
     series = build_series(cases, x_param)
@@ -589,6 +647,12 @@ def technique_section(tech, path, results, cases):
                 f"<p class='note'>No non-zero finite rel_l2_err values to plot. {note}</p>")
     img, cap = tradeoff_plot(series, colors, x_param)
     figs.append(figure(cap, img) if img else f"<p class='note'>{esc(cap)}</p>")
+    img = curves_plot(series, colors, tech, "curve_loss_step_", "training loss", "training loss (nats per byte)", False)
+    if img:
+        figs.append(figure("Training loss of the step's batch, sampled at 40 points of the run.", img))
+    img = curves_plot(series, colors, tech, "curve_scale_step_", "loss scale", "loss scale (log2)", True)
+    if img:
+        figs.append(figure("Dynamic loss scale (1 where the policy does not scale).", img))
     desc = "; ".join(esc((s or {}).get("description", "")) for s in
                      (results["context"].get("memtrade", {}).get("suites", {}) or {}).values()
                      if (s or {}).get("technique") == tech)
@@ -601,7 +665,11 @@ def technique_section(tech, path, results, cases):
     if not any(c.ok for c in cases):
         out.append("<p class='warn'>No ok cases for this technique; nothing to plot.</p>")
     out.append('<div class="plots">' + "\n".join(f for f in figs if f) + "</div>")
-    out.append(f"<h3>All cases: {esc(tech)}</h3>" + cases_table(series) + "</section>")
+    out.append(f"<h3>All cases: {esc(tech)}</h3>" + cases_table(series))
+    extra = figures_table(series)
+    if extra:
+        out.append(f"<h3>Figures of {esc(tech)}</h3>" + extra)
+    out.append("</section>")
     return "\n".join(out)
 
 
