@@ -24,6 +24,7 @@ class CudaDevice final : public Device {
   void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) override;
   void synchronize() override;
   double time_call(const std::function<void()>& fn) override;
+  void flush_caches() override;
   std::optional<std::size_t> backend_used_bytes() override;
 
   cudaStream_t stream() const { return stream_; }
@@ -34,6 +35,9 @@ class CudaDevice final : public Device {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  void* flush_ = nullptr;  // L2-sized, allocated on first use, untracked (harness-internal)
+  std::size_t flush_bytes_ = 0;
+  int flush_value_ = 0;
 };
 
 // The CUDA device behind a Device&, or memtrade::Error if it is another backend.

@@ -36,6 +36,10 @@ class Device {
   virtual void synchronize() = 0;
   // Runs fn once and returns its duration in seconds (CUDA: events on the device's stream).
   virtual double time_call(const std::function<void()>& fn) = 0;
+  // Evicts the caches between timed calls of memory-bound work (Work::cold_cache), as nvbench does: the
+  // CPU reads a buffer of twice the last-level cache, CUDA memsets one of the L2's size. The buffer is
+  // the harness's own, allocated once outside the tracked pools (like OpenBLAS's packing buffers).
+  virtual void flush_caches() {}
   // Bytes in use as the backend itself sees them (cudaMemGetInfo); nullopt on the CPU.
   virtual std::optional<std::size_t> backend_used_bytes() { return std::nullopt; }
 

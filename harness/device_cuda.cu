@@ -88,6 +88,7 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
 }
 
 CudaDevice::~CudaDevice() {
+  if (flush_) cudaFree(flush_);
   cudaEventDestroy(start_);
   cudaEventDestroy(stop_);
   cudaStreamDestroy(stream_);
@@ -104,6 +105,16 @@ void CudaDevice::copy(void* dst, const void* src, std::size_t bytes, CopyKind ki
 }
 
 void CudaDevice::synchronize() { MT_CUDA(cudaStreamSynchronize(stream_)); }
+
+void CudaDevice::flush_caches() {
+  if (!flush_) {
+    flush_bytes_ = static_cast<std::size_t>(props_.l2CacheSize > 0 ? props_.l2CacheSize : (64 << 20));
+    MT_CUDA(cudaMalloc(&flush_, flush_bytes_));
+  }
+  flush_value_ = (flush_value_ + 1) & 0xFF;
+  MT_CUDA(cudaMemsetAsync(flush_, flush_value_, flush_bytes_, stream_));
+  MT_CUDA(cudaStreamSynchronize(stream_));
+}
 
 double CudaDevice::time_call(const std::function<void()>& fn) {
   MT_CUDA(cudaEventRecord(start_, stream_));

@@ -48,6 +48,7 @@ struct Work {
   std::string gemm_dtype;  // which GEMM ceiling the flops are compared with ("fp32", "bf16", ...); empty: none
   double items = 0;        // domain units per call (e.g. tokens), reported as <item_unit>_per_s
   std::string item_unit;   // "tokens", ...
+  bool cold_cache = false;  // memory-bound: the caches are flushed before every timed call
 };
 
 // Host-side inputs and oracle of one case, shared by its implementations.

@@ -69,8 +69,12 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<QuantProblem>();
   const QuantCase q = p->q = read_case(c);
   p->w = synthetic_weights(q.n, q.k, 11);
-  // Activation rows drawn like the calibration set (a separate seed): inputs with outlier channels.
-  p->x = synthetic_activations(q.m, q.k, 12);
+  // The calibration rows and the measured input rows come from one draw, so they share the outlier
+  // channels (in a model these are fixed features of the layer's input), but are different rows.
+  const int64_t n_calib = 256;
+  const auto all = synthetic_activations(n_calib + q.m, q.k, 13);
+  const std::vector<float> X(all.begin(), all.begin() + n_calib * q.k);
+  p->x.assign(all.begin() + n_calib * q.k, all.end());
   p->oracle.assign(q.m * q.n, 0.0);
   for (int64_t i = 0; i < q.m; ++i)
     for (int64_t r = 0; r < q.n; ++r) {
@@ -82,8 +86,6 @@ std::unique_ptr<Problem> prepare(const Case& c) {
     for (float v : p->w) p->w_bf16.push_back(to_bf16(v));
     return p;
   }
-  const int64_t n_calib = 256;
-  const auto X = synthetic_activations(n_calib, q.k, 13);
   QuantResult res = q.quantizer == "gptq"  ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
                     : q.quantizer == "awq" ? quantize_awq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
                                            : quantize_rtn(q.spec, p->w.data(), q.n, q.k);
@@ -162,6 +164,7 @@ class QuantWorkload final : public Workload {
     const QuantCase& q = p_.q;
     w.flops = 2.0 * q.m * q.n * q.k;
     w.bytes = static_cast<double>(w_.bytes()) + 4.0 * (q.m * q.k + q.m * q.n);
+    w.cold_cache = true;  // decode is memory-bound: weights must come from DRAM, as in a model's forward
     return w;
   }
 
