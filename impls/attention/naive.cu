@@ -22,6 +22,7 @@
 #include "harness/cuda_device.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
+#include "impls/common/block_reduce.cuh"
 #include "impls/common/cublas.hpp"
 
 namespace memtrade::attn {
@@ -31,29 +32,6 @@ namespace {
 constexpr int kRowThreads = 256;   // threads per block of the row kernels (a multiple of 32)
 constexpr int kElemThreads = 256;  // threads per block of the conversion kernels
 constexpr int64_t kMaxElemBlocks = 1 << 16;
-
-// ---- block reductions (blockDim.x a multiple of 32, at most 1024) ----
-
-template <bool kMax>
-__device__ __forceinline__ float combine(float a, float b) {
-  return kMax ? fmaxf(a, b) : a + b;
-}
-
-// Every thread of the block gets the result. `red` is a __shared__ float[32]; the leading
-// __syncthreads() lets consecutive calls reuse it.
-template <bool kMax>
-__device__ float block_reduce(float v, float* red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v = combine<kMax>(v, __shfl_xor_sync(0xffffffffu, v, off));
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = kMax ? -INFINITY : 0.f;
-  for (int w = 0; w < warps; ++w) r = combine<kMax>(r, red[w]);
-  return r;
-}
 
 // ---- kernels ----
 

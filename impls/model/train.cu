@@ -58,6 +58,7 @@
 #include "datasets/random.hpp"
 #include "harness/cuda_device.hpp"
 #include "impls/attention/tile_math.hpp"
+#include "impls/common/block_reduce.cuh"
 #include "impls/common/cublas.hpp"
 #include "impls/model/layers.hpp"
 #include "impls/model/train.hpp"
@@ -97,29 +98,6 @@ constexpr cudaDataType_t cuda_type() {
   if constexpr (std::is_same_v<S, float>) return CUDA_R_32F;
   else if constexpr (std::is_same_v<S, bf16_t>) return CUDA_R_16BF;
   else return CUDA_R_16F;
-}
-
-// ---- block reductions (blockDim.x a multiple of 32, at most 1024) ----
-
-template <bool kMax>
-__device__ __forceinline__ float combine(float a, float b) {
-  return kMax ? fmaxf(a, b) : a + b;
-}
-
-// Every thread of the block gets the result. `red` is a __shared__ float[32]; the leading
-// __syncthreads() lets consecutive calls reuse it.
-template <bool kMax>
-__device__ float block_reduce(float v, float* red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v = combine<kMax>(v, __shfl_xor_sync(0xffffffffu, v, off));
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = kMax ? -INFINITY : 0.f;
-  for (int w = 0; w < warps; ++w) r = combine<kMax>(r, red[w]);
-  return r;
 }
 
 __device__ __forceinline__ unsigned warp_sum(unsigned v) {
