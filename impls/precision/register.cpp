@@ -67,7 +67,8 @@ struct PrecisionProblem final : Problem {
   std::vector<float> init;
   data::Batch probe;
   std::vector<double> oracle_grad;            // float64 gradient of `probe` at `init`
-  mutable std::optional<double> fp32_val;     // the fp32 policy's validation loss, once it has run
+  // The fp32 policy's validation loss per backend, once it has run (it is registered first).
+  mutable std::map<Backend, double> fp32_val;
 
   data::Batch train_batch(int64_t step) const {
     return data::sample_batch(split.train, tc.opts.batch, tc.opts.seq, tc.seed, static_cast<uint64_t>(step));
@@ -189,10 +190,10 @@ class TrainWorkload final : public Workload {
       return;
     }
     counters_["val_loss"] = val;
-    if (policy_ == Policy::fp32) p_.fp32_val = val;
-    if (p_.fp32_val) {
-      counters_["val_loss_delta_vs_fp32"] = val - *p_.fp32_val;
-      counters_["val_loss_rel_delta_vs_fp32"] = (val - *p_.fp32_val) / *p_.fp32_val;
+    if (policy_ == Policy::fp32) p_.fp32_val[dev_.backend()] = val;
+    if (const auto it = p_.fp32_val.find(dev_.backend()); it != p_.fp32_val.end()) {
+      counters_["val_loss_delta_vs_fp32"] = val - it->second;
+      counters_["val_loss_rel_delta_vs_fp32"] = (val - it->second) / it->second;
     }
   }
 
