@@ -199,7 +199,11 @@ Work AttnWorkload::work() const {
   const double e = static_cast<double>(dtype_size(s_.dtype));
   double bytes = (2.0 * s_.q_elems() + 2.0 * s_.kv_elems()) * e;
   if (s_.backward) bytes += (2.0 * s_.q_elems() + 2.0 * s_.kv_elems()) * e;
-  return {flops(s_), bytes, std::string(dtype_name(s_.dtype))};
+  Work w;
+  w.flops = flops(s_);
+  w.bytes = bytes;
+  w.gemm_dtype = dtype_name(s_.dtype);
+  return w;
 }
 
 namespace {

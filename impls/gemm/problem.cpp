@@ -64,8 +64,11 @@ ErrorStats GemmWorkload::error() {
 
 Work GemmWorkload::work() const {
   const auto [m, n, k] = p_.s;
-  return {2.0 * m * n * k, static_cast<double>((m * k + k * n + m * n) * dtype_size(p_.dtype)),
-          std::string(dtype_name(p_.dtype))};
+  Work w;
+  w.flops = 2.0 * m * n * k;
+  w.bytes = static_cast<double>((m * k + k * n + m * n) * dtype_size(p_.dtype));
+  w.gemm_dtype = dtype_name(p_.dtype);
+  return w;
 }
 
 }  // namespace memtrade::gemm
