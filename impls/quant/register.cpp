@@ -4,11 +4,13 @@
 // Case parameters: n (output rows), k (input columns), m (activation rows; 1 = matvec), format (a
 // formats.hpp spec name such as "int4-g128", or "fp32" / "bf16" for the dense baselines), quantizer
 // ("rtn", "gptq", "awq"). Weights and calibration activations are synthetic (calibration.hpp: Gaussian
-// weights, activations with 1% outlier channels 25-100x larger), documented as such; the model-level
-// figures on the trained model are not part of this suite yet.
+// weights, activations with 1% outlier channels 25-100x larger; the calibration rows and the measured
+// rows share their outlier channels). The trained model's figures are the quant-model technique's
+// (model_level.cpp).
 //
-// Implementations: `reference` (dequantize each weight, float64 accumulation) and `cpu` (packed codes
-// read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on dequantized panels).
+// Implementations: `reference` (dequantize each weight, float64 accumulation), `cpu` (packed codes
+// read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on dequantized panels)
+// and `cuda` (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
 // Counters: weight_bytes (codes + scales + zero points, the exact blob), bits_per_weight, output error
 // against the float64 product with the ORIGINAL weights (rel_l2_err: quantization + arithmetic), the
 // weight reconstruction error (weight_rel_l2_err), the calibration-set layer-output MSE, GB/s over the
