@@ -139,18 +139,28 @@ const P& problem_as(const Problem& p) {
   return dynamic_cast<const P&>(p);
 }
 
-// An implementation whose factory takes the technique's own Problem type P.
-template <class P>
+// An implementation whose factory (a function or a lambda: (const P&, Device&) -> unique_ptr<Workload>)
+// takes the technique's own Problem type P.
+template <class P, class F>
 Impl typed_impl(std::string technique, std::string name, Role role, Backend backend, std::string description,
-                std::unique_ptr<Workload> (*factory)(const P&, Device&)) {
+                F factory) {
   Impl i;
   i.technique = std::move(technique);
   i.name = std::move(name);
   i.role = role;
   i.backend = backend;
   i.description = std::move(description);
-  i.make = [factory](const Case&, const Problem& p, Device& dev) { return factory(problem_as<P>(p), dev); };
+  i.make = [factory](const Case&, const Problem& p, Device& dev) -> std::unique_ptr<Workload> {
+    return factory(problem_as<P>(p), dev);
+  };
   return i;
+}
+
+template <class P>
+Impl typed_impl(std::string technique, std::string name, Role role, Backend backend, std::string description,
+                std::unique_ptr<Workload> (*factory)(const P&, Device&)) {
+  return typed_impl<P, decltype(factory)>(std::move(technique), std::move(name), role, backend, std::move(description),
+                                          factory);
 }
 
 }  // namespace memtrade

@@ -320,18 +320,11 @@ void register_technique(Registry& r) {
   t.validate = [](const Case& c) { read_case(c); };
   t.prepare = prepare;
   for (Backend be : {Backend::cpu, Backend::cuda})
-    for (Policy p : all_policies) {
-      Impl i;
-      i.technique = t.name;
-      i.name = policy_name(p);
-      i.role = p == Policy::fp32 ? Role::reference : Role::optimized;
-      i.backend = be;
-      i.description = std::string(be == Backend::cpu ? "CPU" : "CUDA") + " training step, policy " + policy_name(p);
-      i.make = [p](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
-        return std::make_unique<TrainWorkload>(problem_as<PrecisionProblem>(prob), p, dev);
-      };
-      t.impls.push_back(std::move(i));
-    }
+    for (Policy p : all_policies)
+      t.impls.push_back(typed_impl<PrecisionProblem>(
+          t.name, policy_name(p), p == Policy::fp32 ? Role::reference : Role::optimized, be,
+          std::string(be == Backend::cpu ? "CPU" : "CUDA") + " training step, policy " + policy_name(p),
+          [p](const PrecisionProblem& prob, Device& dev) { return std::make_unique<TrainWorkload>(prob, p, dev); }));
   t.claims["mp-half"] = check_mp_half;
   t.claims["mp-16B"] = check_mp_16b;
   t.claims["mp-40"] = check_mp_40;

@@ -269,21 +269,18 @@ void register_model_level(Registry& r) {
   };
   t.prepare = prepare;
   for (const char* q : {"rtn", "gptq", "awq"}) {
-    Impl i;
-    i.technique = t.name;
-    i.name = q;
-    i.role = std::string(q) == "rtn" ? Role::reference : Role::optimized;
-    i.backend = Backend::cpu;
-    i.description = std::string(q) + " on every projection; fp32 evaluation with the dequantized weights";
     const std::string name = q;
+    Impl i = typed_impl<ModelQuantProblem>(
+        t.name, name, name == "rtn" ? Role::reference : Role::optimized, Backend::cpu,
+        name + " on every projection; fp32 evaluation with the dequantized weights",
+        [name](const ModelQuantProblem& prob, Device& dev) {
+          return std::make_unique<ModelQuantWorkload>(prob, name, dev);
+        });
     i.not_applicable = [name](const Case& c) {
       const Spec s = parse_spec(c.text("format"));
       return name == "gptq" && s.format == Format::nf4 && s.double_quant
                  ? std::string("GPTQ does not support nf4 double quantization")
                  : std::string();
-    };
-    i.make = [name](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
-      return std::make_unique<ModelQuantWorkload>(problem_as<ModelQuantProblem>(prob), name, dev);
     };
     t.impls.push_back(std::move(i));
   }

@@ -202,7 +202,6 @@ ClaimResult check_int4_7b(const ClaimSpec& spec, const std::vector<Record>&) {
   std::string measured;
   double int4_gb = 0;
   const Json formats = spec.data.value("formats", Json::array({"int4-g128", "int8", "nf4", "nf4-dq", "fp8-e4m3"}));
-  double fp16_gb = 0;
   for (const auto& name : formats) {
     const Spec s = parse_spec(name.get<std::string>());
     double bytes = fp16_rest;
@@ -211,7 +210,7 @@ ClaimResult check_int4_7b(const ClaimSpec& spec, const std::vector<Record>&) {
     measured += name.get<std::string>() + fmt(" %.2f GB; ", bytes * 1e-9);
     if (name == "int4-g128") int4_gb = bytes * 1e-9;
   }
-  fp16_gb = (fp16_rest + 2.0 * layers * (4.0 * d * d + 3.0 * d * f)) * 1e-9;
+  const double fp16_gb = (fp16_rest + 2.0 * layers * (4.0 * d * d + 3.0 * d * f)) * 1e-9;
   measured = fmt("fp16 %.2f GB; ", fp16_gb) + measured;
   const bool ok = fp16_gb > 13 && fp16_gb < 14 && int4_gb > 3.5 && int4_gb < 4.5;
   return {measured, ok ? "reproduced" : "not_reproduced",
@@ -228,7 +227,9 @@ void register_technique(Registry& r) {
   t.validate = [](const Case& c) { read_case(c); };
   t.prepare = prepare;
   auto add = [&](const char* name, Role role, const char* desc, bool optimized, Backend be = Backend::cpu) {
-    Impl i;
+    Impl i = typed_impl<QuantProblem>(t.name, name, role, be, desc, [optimized](const QuantProblem& prob, Device& dev) {
+      return std::make_unique<QuantWorkload>(prob, dev, optimized);
+    });
     if (be == Backend::cuda)
       i.not_applicable = [](const Case& c) {
         const std::string f = c.text("format");
@@ -241,14 +242,6 @@ void register_technique(Registry& r) {
         return f == "fp32" || f == "bf16" ? std::string("the dense baselines have one implementation (cpu)")
                                           : std::string();
       };
-    i.technique = t.name;
-    i.name = name;
-    i.role = role;
-    i.backend = be;
-    i.description = desc;
-    i.make = [optimized](const Case&, const Problem& prob, Device& dev) -> std::unique_ptr<Workload> {
-      return std::make_unique<QuantWorkload>(problem_as<QuantProblem>(prob), dev, optimized);
-    };
     t.impls.push_back(std::move(i));
   };
   add("reference", Role::reference, "dequantize each weight, float64 accumulation", false);
