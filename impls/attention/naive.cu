@@ -22,7 +22,7 @@
 #include "harness/cuda_device.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
-#include "impls/common/block_reduce.cuh"
+#include "impls/common/kernels.cuh"
 #include "impls/common/cublas.hpp"
 
 namespace memtrade::attn {
@@ -34,20 +34,6 @@ constexpr int kElemThreads = 256;  // threads per block of the conversion kernel
 constexpr int64_t kMaxElemBlocks = 1 << 16;
 
 // ---- kernels ----
-
-template <class T>
-__global__ void convert_to_f32(const T* __restrict__ src, float* __restrict__ dst, int64_t count) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    dst[i] = to_f32(src[i]);
-}
-
-template <class T>
-__global__ void convert_from_f32(const float* __restrict__ src, T* __restrict__ dst, int64_t count) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    dst[i] = from_f32<T>(src[i]);
-}
 
 // One block per row of P ([rows, n_kv], rows = b * h * n; the query index is row % n). On entry the row
 // holds the scaled scores; on exit the probabilities: masked keys get 0, a fully masked row is all 0.

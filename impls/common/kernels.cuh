@@ -1,7 +1,12 @@
-// Block-wide reductions for CUDA kernels (blockDim.x a multiple of 32, at most 1024).
+// Small CUDA kernels and device helpers shared by the techniques: block-wide reductions (blockDim.x a
+// multiple of 32, at most 1024) and grid-stride conversions between a storage type and fp32.
 #pragma once
 
 #include <math.h>
+
+#include <cstdint>
+
+#include "harness/dtype.hpp"
 
 namespace memtrade {
 
@@ -24,6 +29,20 @@ __device__ float block_reduce(float v, float* red) {
   float r = kMax ? -INFINITY : 0.f;
   for (int w = 0; w < warps; ++w) r = combine<kMax>(r, red[w]);
   return r;
+}
+
+template <class T>
+__global__ void convert_to_f32(const T* __restrict__ src, float* __restrict__ dst, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    dst[i] = to_f32(src[i]);
+}
+
+template <class T>
+__global__ void convert_from_f32(const float* __restrict__ src, T* __restrict__ dst, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    dst[i] = from_f32<T>(src[i]);
 }
 
 }  // namespace memtrade

@@ -58,7 +58,7 @@
 #include "datasets/random.hpp"
 #include "harness/cuda_device.hpp"
 #include "impls/attention/tile_math.hpp"
-#include "impls/common/block_reduce.cuh"
+#include "impls/common/kernels.cuh"
 #include "impls/common/cublas.hpp"
 #include "impls/model/layers.hpp"
 #include "impls/model/train.hpp"
@@ -107,20 +107,6 @@ __device__ __forceinline__ unsigned warp_sum(unsigned v) {
 }
 
 // ---- elementwise and row kernels ----
-
-template <class T>
-__global__ void convert_to_f32(const T* __restrict__ src, float* __restrict__ dst, int64_t count) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    dst[i] = to_f32(src[i]);
-}
-
-template <class T>
-__global__ void convert_from_f32(const float* __restrict__ src, T* __restrict__ dst, int64_t count) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    dst[i] = from_f32<T>(src[i]);
-}
 
 // out[r] = table[ids[r]] (embedding_forward, one element per thread).
 template <class S>
@@ -245,9 +231,13 @@ __global__ void swiglu_backward_kernel(S* __restrict__ g, S* __restrict__ u, con
   }
 }
 
-// The row's max and sum_j exp(z_j - max) with row_max / row_exp_sum over each thread's contiguous chunk of
-// the fp32 row zs, combined across the block.
-__device__ void row_max_and_exp_sum(const float* zs, int64_t vocab, float* red, float& m, float& s) {
+// Widens logits row `row` of z into the fp32 shared row zs, then the row's max and sum_j exp(z_j - max)
+// with row_max / row_exp_sum over each thread's contiguous chunk of zs, combined across the block.
+template <class S>
+__device__ void load_row_max_and_exp_sum(const S* z, int64_t row, int64_t vocab, float* zs, float* red, float& m,
+                                         float& s) {
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) zs[j] = to_f32(z[row * vocab + j]);
+  __syncthreads();
   const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
   const int64_t lo = threadIdx.x * per, hi = lo + per < vocab ? lo + per : vocab;
   m = block_reduce<true>(lo < hi ? row_max(zs + lo, hi - lo) : -INFINITY, red);
@@ -262,10 +252,8 @@ __global__ void cross_entropy_forward_kernel(const S* __restrict__ z, const int3
   extern __shared__ float zs[];
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) zs[j] = to_f32(z[row * vocab + j]);
-  __syncthreads();
   float m, s;
-  row_max_and_exp_sum(zs, vocab, red, m, s);
+  load_row_max_and_exp_sum(z, row, vocab, zs, red, m, s);
   if (threadIdx.x == 0) loss[row] = m_log(s) - (zs[targets[row]] - m);
 }
 
@@ -276,10 +264,8 @@ __global__ void cross_entropy_backward_kernel(S* __restrict__ z, const int32_t* 
   extern __shared__ float zs[];
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) zs[j] = to_f32(z[row * vocab + j]);
-  __syncthreads();
   float m, s;
-  row_max_and_exp_sum(zs, vocab, red, m, s);
+  load_row_max_and_exp_sum(z, row, vocab, zs, red, m, s);
   const float inv_sum = 1.f / s;
   const int32_t target = targets[row];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
