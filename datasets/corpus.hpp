@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade::data {
 

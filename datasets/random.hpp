@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <span>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade::data {
 

@@ -1,6 +1,8 @@
 #include "harness/allocator.hpp"
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace memtrade {
@@ -11,34 +13,10 @@ std::string_view tag_name(Tag t) {
   return names.at(static_cast<std::size_t>(t));
 }
 
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-  return buf;
-}
-
-static std::string oom_message(const std::string& pool, const std::string& tag, std::size_t requested,
-                               std::size_t live, std::size_t capacity) {
-  std::string msg = "out of memory in pool '" + pool + "': request of " + std::to_string(requested) +
-                    " B (tag " + tag + ") with " + std::to_string(live) + " B live";
-  if (capacity != SIZE_MAX) msg += " exceeds capacity " + std::to_string(capacity) + " B (" + format_bytes(capacity) + ")";
-  else msg += ": the underlying allocator failed";
-  return msg;
-}
-
-OutOfMemory::OutOfMemory(const std::string& pool_, const std::string& tag_, std::size_t requested_,
-                         std::size_t live_, std::size_t capacity_)
-    : std::runtime_error(oom_message(pool_, tag_, requested_, live_, capacity_)),
-      pool(pool_), tag(tag_), requested(requested_), live(live_), capacity(capacity_) {}
-
 TrackedAllocator::TrackedAllocator(std::string pool_name, RawAlloc alloc, RawFree release)
-    : name_(std::move(pool_name)), raw_alloc_(std::move(alloc)), raw_free_(std::move(release)) {}
+    : name_(std::move(pool_name)), raw_alloc_(std::move(alloc)), raw_free_(std::move(release)),
+      to_pool_([](void* d, const void* s, std::size_t n) { std::memcpy(d, s, n); }),
+      from_pool_([](void* d, const void* s, std::size_t n) { std::memcpy(d, s, n); }) {}
 
 TrackedAllocator::~TrackedAllocator() {
   if (total_.live != 0)
@@ -55,9 +33,19 @@ void* TrackedAllocator::allocate(std::size_t bytes, Tag tag) {
     if (capacity_ && (bytes > *capacity_ || live > *capacity_ - bytes))
       throw OutOfMemory(name_, std::string(tag_name(tag)), bytes, live, *capacity_);
   }
-  void* p = raw_alloc_(bytes);
+  std::size_t guard;
+  {
+    std::lock_guard lock(mu_);
+    guard = guard_;
+  }
+  void* p = raw_alloc_(bytes + guard);
   if (!p) throw OutOfMemory(name_, std::string(tag_name(tag)), bytes, live, SIZE_MAX);
+  if (guard) {
+    const std::vector<unsigned char> pattern(guard, kGuardByte);
+    to_pool_(static_cast<unsigned char*>(p) + bytes, pattern.data(), guard);
+  }
   std::lock_guard lock(mu_);
+  if (guard) guarded_[p] = guard;
   auto bump = [bytes](UsageStats& s) {
     s.live += bytes;
     s.count += 1;
@@ -71,6 +59,29 @@ void* TrackedAllocator::allocate(std::size_t bytes, Tag tag) {
 
 void TrackedAllocator::release(void* ptr, std::size_t bytes, Tag tag) noexcept {
   if (!ptr) return;
+  std::size_t guard = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = guarded_.find(ptr); it != guarded_.end()) {
+      guard = it->second;
+      guarded_.erase(it);
+    }
+  }
+  if (guard) {
+    std::vector<unsigned char> seen(guard);
+    from_pool_(seen.data(), static_cast<const unsigned char*>(ptr) + bytes, guard);
+    std::size_t first = guard;
+    for (std::size_t i = 0; i < guard && first == guard; ++i)
+      if (seen[i] != kGuardByte) first = i;
+    if (first < guard) {
+      const std::string msg = "pool '" + name_ + "': a write past the end of a buffer of " + std::to_string(bytes) +
+                              " B (tag " + std::string(tag_name(tag)) + ") changed guard byte " +
+                              std::to_string(first);
+      std::fprintf(stderr, "memtrade: %s\n", msg.c_str());
+      std::lock_guard lock(mu_);
+      violations_.push_back(msg);
+    }
+  }
   raw_free_(ptr);
   std::lock_guard lock(mu_);
   auto drop = [bytes](UsageStats& s) {
@@ -79,6 +90,36 @@ void TrackedAllocator::release(void* ptr, std::size_t bytes, Tag tag) noexcept {
   };
   drop(total_);
   drop(tags_[static_cast<std::size_t>(tag)]);
+}
+
+void TrackedAllocator::set_guard_bytes(std::size_t n) {
+  std::lock_guard lock(mu_);
+  guard_ = n;
+}
+std::size_t TrackedAllocator::guard_bytes() const {
+  std::lock_guard lock(mu_);
+  return guard_;
+}
+void TrackedAllocator::set_guard_copy(RawCopy to_pool, RawCopy from_pool) {
+  std::lock_guard lock(mu_);
+  to_pool_ = std::move(to_pool);
+  from_pool_ = std::move(from_pool);
+}
+std::vector<std::string> TrackedAllocator::guard_violations() const {
+  std::lock_guard lock(mu_);
+  return violations_;
+}
+void TrackedAllocator::clear_guard_violations() {
+  std::lock_guard lock(mu_);
+  violations_.clear();
+}
+
+std::size_t default_guard_bytes(bool want) {
+  if (const char* env = std::getenv("MEMTRADE_GUARD_BYTES")) return std::strtoull(env, nullptr, 10);
+#ifndef NDEBUG
+  want = true;
+#endif
+  return want ? 64 : 0;
 }
 
 void TrackedAllocator::set_capacity(std::optional<std::size_t> bytes) {

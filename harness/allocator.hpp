@@ -10,12 +10,14 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade {
 
@@ -31,8 +33,12 @@ struct UsageStats {
 
 class TrackedAllocator {
  public:
+  static constexpr unsigned char kGuardByte = 0xFD;
   using RawAlloc = std::function<void*(std::size_t)>;
   using RawFree = std::function<void(void*)>;
+  // Copies between host memory and the pool's memory (dst, src, bytes), for the guard bytes; plain
+  // memcpy unless the pool's memory is not host-accessible (CUDA device memory).
+  using RawCopy = std::function<void(void*, const void*, std::size_t)>;
 
   TrackedAllocator(std::string pool_name, RawAlloc alloc, RawFree release);
   TrackedAllocator(const TrackedAllocator&) = delete;
@@ -43,6 +49,16 @@ class TrackedAllocator {
   // underlying allocator fails. Zero-byte requests return nullptr and count nothing.
   void* allocate(std::size_t bytes, Tag tag);
   void release(void* ptr, std::size_t bytes, Tag tag) noexcept;
+
+  // Guard bytes: with n > 0, every later allocation gets n bytes of a known pattern after its end,
+  // checked when it is freed; a changed guard (an out-of-bounds write) is recorded with the buffer's
+  // tag and size (guard_violations()) and printed. Tracked sizes exclude the guards. Off by default;
+  // the runner turns them on in the test profile, in debug builds and with $MEMTRADE_GUARD_BYTES.
+  void set_guard_bytes(std::size_t n);
+  std::size_t guard_bytes() const;
+  void set_guard_copy(RawCopy to_pool, RawCopy from_pool);
+  std::vector<std::string> guard_violations() const;
+  void clear_guard_violations();
 
   void set_capacity(std::optional<std::size_t> bytes);
   std::optional<std::size_t> capacity() const;
@@ -62,7 +78,15 @@ class TrackedAllocator {
   UsageStats total_;
   std::array<UsageStats, kTagCount> tags_{};
   std::size_t made_ = 0;
+  std::size_t guard_ = 0;
+  RawCopy to_pool_, from_pool_;
+  std::vector<std::string> violations_;
+  std::map<void*, std::size_t> guarded_;  // live guarded allocations -> their guard size
 };
+
+// 64 guard bytes when the build is a debug build or $MEMTRADE_GUARD_BYTES says so (its value), and
+// `want` (the test profile) asks for them; 0 otherwise.
+std::size_t default_guard_bytes(bool want);
 
 // Owning handle to one tracked allocation (move-only). Frees on destruction.
 class Buffer {

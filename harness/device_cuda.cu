@@ -1,6 +1,8 @@
 #include <cstdio>
 #include <memory>
 
+#include <cstring>
+
 #include "harness/cuda_device.hpp"
 
 namespace memtrade {
@@ -74,6 +76,15 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
         return p;
       },
       [](void* p) { cudaFree(p); });
+  // Guard bytes are written and read back through the device (after the work on every stream is done).
+  memory_->set_guard_copy(
+      [](void* d, const void* h, std::size_t n) { cuda_check(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "guard write"); },
+      [](void* h, const void* d, std::size_t n) {
+        if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+          cudaGetLastError();
+          std::memset(h, TrackedAllocator::kGuardByte, n);  // a failed read is not reported as an overrun
+        }
+      });
   host_ = std::make_unique<TrackedAllocator>(
       "host",
       [](std::size_t n) -> void* {

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "datasets/random.hpp"
-#include "impls/common/blas.hpp"
+#include "common/blas.hpp"
 
 namespace memtrade {
 

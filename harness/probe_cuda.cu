@@ -1,7 +1,7 @@
 #include <vector>
 
 #include "harness/probe.hpp"
-#include "impls/common/cublas.hpp"
+#include "harness/tracked_cublas.hpp"
 
 namespace memtrade {
 
@@ -17,7 +17,7 @@ Ceilings probe_cuda() {
     // Random-looking, non-zero operands: zeros run faster than real data on some parts.
     std::vector<float> host(n * n);
     for (int64_t i = 0; i < n * n; ++i) host[i] = static_cast<float>((i * 2654435761u % 1000) / 1000.0 - 0.5);
-    Cublas blas(dev);
+    TrackedCublas blas(dev);
     for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       std::vector<unsigned char> staged(n * n * dtype_size(t));
       for (int64_t i = 0; i < n * n; ++i) {

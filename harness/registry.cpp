@@ -1,5 +1,9 @@
 #include "harness/registry.hpp"
 
+#include <cstdio>
+
+#include "common/dtype.hpp"
+
 namespace memtrade {
 
 std::string_view role_name(Role r) {
@@ -44,6 +48,31 @@ bool Case::flag(const std::string& key, bool fallback) const {
 double Record::counter(const std::string& key, double fallback) const {
   auto it = counters.find(key);
   return it == counters.end() ? fallback : it->second;
+}
+
+Verdict judge_error(const Technique& t, const Case& c, const Problem& p, const Impl& impl, const ErrorStats& err,
+                    const ErrorStats& ref) {
+  if (t.error_rule.judge) return t.error_rule.judge(c, p, impl, err, ref);
+  if (!err.finite())
+    return {false, std::to_string(err.nan_count) + " NaN and " + std::to_string(err.inf_count) +
+                       " Inf where the oracle is finite"};
+  if (impl.role == Role::reference) {
+    double bound = 0;
+    if (t.error_rule.reference_bound) {
+      bound = t.error_rule.reference_bound(c, p);
+    } else {
+      const DType dt = parse_dtype(c.params.contains("dtype") ? c.text("dtype") : "fp32");
+      bound = 8 * unit_roundoff(dt);
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "reference rel_l2_err %.3e vs bound %.3e", err.rel_l2, bound);
+    return {err.rel_l2 <= bound, buf};
+  }
+  return within_tolerance(err, ref, t.error_rule.tol);
+}
+
+void check_case(const Technique& t, const Case& c, const std::string& where) {
+  t.schema.check(c.params, where + ", case " + c.id);
 }
 
 void Registry::add(Technique t) {

@@ -18,6 +18,7 @@
 
 #include "harness/device.hpp"
 #include "harness/metrics.hpp"
+#include "harness/schema.hpp"
 
 namespace memtrade {
 
@@ -108,6 +109,18 @@ struct ClaimResult {
 };
 using ClaimCheck = std::function<ClaimResult(const ClaimSpec&, const std::vector<Record>&)>;
 
+// How an implementation's error against the float64 oracle is judged (the parity test runs it on
+// every implementation of every technique). By default: the case's reference implementation (role
+// reference, same case) must itself stay within `reference_bound` (rel_l2_err; by default
+// 8 unit roundoffs of the case's "dtype" parameter, fp32 when it has none), and every other
+// implementation within FlashAttention's rule of it (`tol`). NaN or Inf where the oracle is finite
+// always fails. A technique may replace the bound, the tolerance or the whole judgement.
+struct ErrorRule {
+  Tolerance tol;
+  std::function<double(const Case&, const Problem&)> reference_bound;
+  std::function<Verdict(const Case&, const Problem&, const Impl&, const ErrorStats& err, const ErrorStats& ref)> judge;
+};
+
 struct Technique {
   std::string name;
   std::string description;
@@ -115,10 +128,22 @@ struct Technique {
   std::function<std::unique_ptr<Problem>(const Case&)> prepare;
   std::vector<Impl> impls;
   std::map<std::string, ClaimCheck> claims;
+  // The axes a suite file may set, and the technique's own counters (the harness declares the
+  // counters it adds to every record: harness_metrics()).
+  Schema schema;
+  ErrorRule error_rule;
   // Optional: measures and stores a machine-specific setting (e.g. attention's naive/flash crossover);
   // returns a one-line description. Run by `memtrade tune`.
   std::function<std::string(Device&)> tune;
 };
+
+// The judgement of ErrorRule for one implementation's error `err`, given the reference's `ref` on the
+// same case (for the reference itself, err and ref are the same).
+Verdict judge_error(const Technique& t, const Case& c, const Problem& p, const Impl& impl, const ErrorStats& err,
+                    const ErrorStats& ref);
+
+// Checks a case's parameters against the technique's schema; `where` names their source.
+void check_case(const Technique& t, const Case& c, const std::string& where);
 
 class Registry {
  public:
@@ -130,8 +155,8 @@ class Registry {
   std::vector<Technique> techniques_;
 };
 
-// The registry with every technique memtrade was built with (see impls/register_all.cpp).
-const Registry& registry();
+
+// The registry of the memtrade program is built by its composition root (app/techniques.hpp).
 
 // Cast helper for an implementation's make(): the technique's own Problem type.
 template <class P>
@@ -156,9 +181,20 @@ Impl typed_impl(std::string technique, std::string name, Role role, Backend back
   return i;
 }
 
+// A CUDA implementation's factory, named only when the CUDA backend is built: without it the
+// implementation stays listed and its cases record "skipped" with the reason (no stub needed).
+#ifdef MEMTRADE_WITH_CUDA
+#define MT_CUDA_FACTORY(f) (f)
+#else
+#define MT_CUDA_FACTORY(f) (nullptr)
+#endif
+
 template <class P>
 Impl typed_impl(std::string technique, std::string name, Role role, Backend backend, std::string description,
                 std::unique_ptr<Workload> (*factory)(const P&, Device&)) {
+  if (!factory)
+    return typed_impl<P>(std::move(technique), std::move(name), role, backend, std::move(description),
+                         [](const P&, Device&) -> std::unique_ptr<Workload> { throw Skip(cuda_status().reason); });
   return typed_impl<P, decltype(factory)>(std::move(technique), std::move(name), role, backend, std::move(description),
                                           factory);
 }

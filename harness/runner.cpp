@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <regex>
 
 #include "harness/probe.hpp"
 #include "harness/stats.hpp"
@@ -165,8 +166,43 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     rec.detail = e.what();
     rec.counters.clear();
   }
+  // Guard bytes (when on): an out-of-bounds write by the workload fails its record.
+  std::string overrun;
+  for (TrackedAllocator* a : {&pool, &host})
+    for (const auto& v : a->guard_violations()) overrun += (overrun.empty() ? "" : "; ") + v;
+  if (!overrun.empty()) {
+    pool.clear_guard_violations();
+    host.clear_guard_violations();
+    rec.status = "error";
+    rec.detail = "guard bytes: " + overrun;
+    rec.counters.clear();
+  }
   rec.times_s.resize(rec.status == "ok" ? rec.times_s.size() : 0);
   return rec;
+}
+
+void check_suite(const Registry& reg, const SuiteSpec& s) {
+  const Technique& t = reg.get(s.technique);
+  for (const auto& p : s.profiles)
+    for (const auto& c : p.cases) check_case(t, c, "suite file " + s.file.string() + ", profile '" + p.name + "'");
+}
+
+std::vector<Case> apply_overrides(const Technique& t, const SuiteSpec& s, const Profile& p,
+                                  const std::vector<std::pair<std::string, Json>>& overrides) {
+  if (overrides.empty()) return p.cases;
+  std::vector<Case> out;
+  for (Case c : p.cases) {
+    for (const auto& [k, v] : overrides) c.params[k] = v;
+    c.id = case_id(c.params);
+    check_case(t, c, "--set on suite " + s.name + ", profile '" + p.name + "'");
+    if (!c.params.contains(s.x_param) || !c.params[s.x_param].is_number())
+      throw Error("--set: suite " + s.name + " needs a numeric '" + s.x_param + "'");
+    c.x = c.params[s.x_param].get<double>();
+    bool seen = false;
+    for (const auto& o : out) seen = seen || o.id == c.id;
+    if (!seen) out.push_back(std::move(c));
+  }
+  return out;
 }
 
 RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
@@ -193,6 +229,19 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
   if (opts.backend != "cpu" && opts.backend != "cuda" && opts.backend != "auto")
     throw Error("unknown backend '" + opts.backend + "' (expected cpu, cuda or auto)");
   const bool want_cpu = opts.backend != "cuda", want_cuda = opts.backend != "cpu";
+  std::optional<std::regex> filter;
+  if (!opts.filter.empty()) {
+    try {
+      filter.emplace(opts.filter, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error("--filter '" + opts.filter + "' is not a valid regular expression: " + e.what());
+    }
+  }
+  std::map<std::string, std::vector<Case>> cases;  // per suite, after --set
+  for (const auto& s : suites) {
+    check_suite(reg, s);
+    cases[s.name] = apply_overrides(reg.get(s.technique), s, s.profile(opts.profile), opts.overrides);
+  }
 
   RunInfo info;
   info.profile = opts.profile;
@@ -233,19 +282,22 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     // The run's --capacity wins; otherwise the profile's own (e.g. a card's size), for this suite only.
     const auto capacity = opts.capacity ? opts.capacity : prof.capacity;
     for (Device* d : {cpu.get(), cuda.get()})
-      if (d) d->memory().set_capacity(capacity);
+      if (d) {
+        d->memory().set_capacity(capacity);
+        for (TrackedAllocator* a : {&d->memory(), &d->host()}) a->set_guard_bytes(default_guard_bytes(prof.name == "test"));
+      }
     if (opts.verbose && capacity && !opts.capacity)
       std::printf("%s/%s: device capacity %s (from the profile)\n", s.name.c_str(), prof.name.c_str(),
                   format_bytes(static_cast<double>(*capacity)).c_str());
     std::vector<Record> records;
-    for (const Case& c : prof.cases) {
+    for (const Case& c : cases.at(s.name)) {
       std::unique_ptr<Problem> problem;
       std::string problem_error;
       bool problem_tried = false;
       for (const Impl& impl : tech.impls) {
         if (impl.backend == Backend::cpu ? !want_cpu : !want_cuda) continue;
         Record rec = blank_record(impl, c);
-        if (!opts.filter.empty() && rec.name.find(opts.filter) == std::string::npos) continue;
+        if (filter && !std::regex_search(rec.name, *filter)) continue;
         try {
           tech.validate(c);
           if (!impl.not_applicable(c).empty()) continue;

@@ -29,7 +29,10 @@ struct RunOptions {
   std::filesystem::path suites_dir;
   std::optional<std::size_t> capacity;  // device pool capacity in bytes
   std::optional<int> repetitions;       // overrides the profile's
-  std::string filter;                   // run only records whose name contains this
+  std::string filter;                   // run only records whose name (suite/case/impl) matches this regex
+  // key=value overrides of case parameters (checked against the technique's schema), applied to every
+  // case of the selected suites' profile; cases that become equal run once.
+  std::vector<std::pair<std::string, Json>> overrides;
   bool verbose = true;
 };
 
@@ -38,6 +41,15 @@ struct RunSummary {
 };
 
 RunSummary run_suites(const Registry& reg, const RunOptions& opts);
+
+// Checks every profile of a suite file against its technique's schema; throws Error naming the file,
+// the profile, the case and the key.
+void check_suite(const Registry& reg, const SuiteSpec& s);
+
+// A profile's cases with `overrides` applied (ids and x recomputed, duplicates dropped), checked
+// against the schema.
+std::vector<Case> apply_overrides(const Technique& t, const SuiteSpec& s, const Profile& p,
+                                  const std::vector<std::pair<std::string, Json>>& overrides);
 
 // One (case, implementation) measurement: the steps above. Exposed for tests.
 Record measure(const Technique& tech, const Impl& impl, const Case& c, const Problem& problem, Device& dev,

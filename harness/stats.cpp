@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade::stats {
 

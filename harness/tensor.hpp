@@ -11,7 +11,7 @@
 
 #include "harness/allocator.hpp"
 #include "harness/device.hpp"
-#include "harness/dtype.hpp"
+#include "common/dtype.hpp"
 
 namespace memtrade {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "datasets/random.hpp"
-#include "impls/model/model.hpp"
-#include "impls/model/train.hpp"
+#include "model/model.hpp"
+#include "model/train.hpp"
 
 namespace memtrade::test {
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "harness/allocator.hpp"
 #include "harness/device.hpp"
 #include "harness/tensor.hpp"
@@ -127,4 +129,29 @@ TEST(Device, CudaWithoutADeviceIsASkipWithTheReason) {
   } catch (const Skip& e) {
     EXPECT_EQ(std::string(e.what()), s.reason);
   }
+}
+
+TEST(Allocator, GuardBytesCatchAWritePastTheEnd) {
+  auto dev = make_cpu_device();
+  TrackedAllocator& pool = dev->memory();
+  pool.set_guard_bytes(64);
+  {
+    Buffer ok(pool, 100, Tag::activations);
+    std::memset(ok.data(), 1, 100);  // in bounds
+  }
+  EXPECT_TRUE(pool.guard_violations().empty());
+  {
+    Buffer b(pool, 100, Tag::kv);
+    EXPECT_EQ(pool.total().live, 100u);  // guards are not counted
+    b.as<unsigned char>()[100] = 0;      // one byte past the end
+  }
+  const auto v = pool.guard_violations();
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_NE(v[0].find("buffer of 100 B (tag kv) changed guard byte 0"), std::string::npos) << v[0];
+  pool.clear_guard_violations();
+  pool.set_guard_bytes(0);
+  {
+    Buffer b(pool, 16, Tag::io);  // unguarded: nothing checked
+  }
+  EXPECT_TRUE(pool.guard_violations().empty());
 }

@@ -5,13 +5,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "app/techniques.hpp"
 #include "attention_check.hpp"
 #include "harness/runner.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
 
 using namespace memtrade;
-using namespace memtrade::attn;
+using namespace memtrade::attention;
 
 using memtrade::test::attn_case;
 

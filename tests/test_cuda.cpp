@@ -3,13 +3,14 @@
 
 #include <cmath>
 
+#include "app/techniques.hpp"
 #include "attention_check.hpp"
 #include "datasets/random.hpp"
 #include "gemm_check.hpp"
 #include "harness/runner.hpp"
 #include "impls/attention/attention.hpp"
-#include "impls/model/model.hpp"
-#include "impls/model/train.hpp"
+#include "model/model.hpp"
+#include "model/train.hpp"
 #include "impls/quant/calibration.hpp"
 #include "impls/quant/matvec.hpp"
 #include "model_fixtures.hpp"
@@ -48,7 +49,7 @@ TEST_P(GemmCuda, MatchesTheOracleWithinTheSamePrecisionRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ImplsAndDtypes, GemmCuda,
-                         ::testing::Combine(::testing::Values("cuda-naive", "cublas"),
+                         ::testing::Combine(::testing::Values("tiled", "cublas"),
                                             ::testing::Values("fp32", "bf16", "fp16")));
 
 TEST(CudaDevice, TrackedPeakAndMemGetInfoAgreeOnALargeBuffer) {
@@ -85,12 +86,12 @@ TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
     const Case c = test::attn_case(Json{{"b", 2}, {"h", 4}, {"h_kv", h_kv}, {"n", n}, {"n_kv", nk}, {"d", d},
                                        {"causal", causal}, {"dtype", dtype}, {"pass", "fwd_bwd"}});
     const auto problem = tech.prepare(c);
-    const attn::Dims s = attn::case_dims(c);
+    const attention::Dims s = attention::case_dims(c);
     std::map<std::string, std::map<std::string, double>> errs;
     for (const char* impl : {"naive", "flash"}) {
       const Record r = measure(tech, attention_impl(impl), c, *problem, *dev, 1, 1e-4, {});
       ASSERT_EQ(r.status, "ok") << impl << " " << c.id << ": " << r.detail;
-      const auto m = std::string(impl) == "naive" ? attn::naive_memory(s, Backend::cuda) : attn::flash_memory(s, Backend::cuda);
+      const auto m = std::string(impl) == "naive" ? attention::naive_memory(s, Backend::cuda) : attention::flash_memory(s, Backend::cuda);
       EXPECT_EQ(r.counter("peak_bytes"), m.live_before + m.extra) << impl << " " << c.id;
       EXPECT_EQ(r.counter("peak_extra_bytes"), m.extra) << impl << " " << c.id;
       EXPECT_EQ(r.counter("nan_count") + r.counter("inf_count"), 0) << impl << " " << c.id;
@@ -108,7 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Options, AttentionCuda,
                          ::testing::Combine(::testing::Values(std::string("fp32"), std::string("bf16"), std::string("fp16")), ::testing::Bool(),
                                             ::testing::Values(4, 1), ::testing::Values(64, 128, 40)));
 
-// ---- the CUDA training step (impls/model/train.cu) against the CPU trainer ----
+// ---- the CUDA training step (model/train.cu) against the CPU trainer ----
 
 namespace {
 

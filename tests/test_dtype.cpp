@@ -1,11 +1,11 @@
-// harness/dtype.hpp against an independent oracle: the host paths of CUDA's own cuda_fp16.h /
+// common/dtype.hpp against an independent oracle: the host paths of CUDA's own cuda_fp16.h /
 // cuda_bf16.h conversions, compiled here by the host compiler (no GPU or nvcc needed). Those host
 // paths are integer implementations of round-to-nearest-even, like ours but written separately.
 //
 // NaN: the oracle returns a canonical NaN (0x7FFF, sign and payload dropped) while dtype.hpp keeps
 // sign and top payload bits and sets the quiet bit. So for NaN inputs we only require that both
 // results are NaN, and check our own NaN rule separately.
-#include "harness/dtype.hpp"
+#include "common/dtype.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

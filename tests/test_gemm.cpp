@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "app/techniques.hpp"
 #include "gemm_check.hpp"
 
 using namespace memtrade;

@@ -1,4 +1,4 @@
-// Layer math of impls/model/layers.hpp: analytic float64 gradients against central finite
+// Layer math of model/layers.hpp: analytic float64 gradients against central finite
 // differences of L = sum(c * outputs) with random weights c, fp32 forward against float64 forward,
 // stability and error cases, AdamW against literals.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "datasets/random.hpp"
-#include "impls/model/layers.hpp"
+#include "model/layers.hpp"
 #include "test_util.hpp"
 
 using namespace memtrade;

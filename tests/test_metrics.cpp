@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 #include "harness/metrics.hpp"
 
 using namespace memtrade;

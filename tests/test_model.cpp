@@ -6,10 +6,11 @@
 #include <cmath>
 #include <filesystem>
 
+#include "app/techniques.hpp"
 #include "datasets/corpus.hpp"
 #include "datasets/random.hpp"
-#include "impls/model/model.hpp"
-#include "impls/model/train.hpp"
+#include "model/model.hpp"
+#include "model/train.hpp"
 #include "model_fixtures.hpp"
 #include "test_util.hpp"
 

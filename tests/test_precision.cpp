@@ -1,6 +1,6 @@
 // impls/precision: policies and their model-state bytes, the GradScaler state machine, and the
 // host/device element helpers (is_finite, unscale, stochastic bf16 rounding, fp16 underflow).
-#include "impls/precision/precision.hpp"
+#include "precision/policies.hpp"
 
 #include <gtest/gtest.h>
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "datasets/corpus.hpp"
-#include "impls/model/train.hpp"
+#include "model/train.hpp"
 #include "impls/quant/calibration.hpp"
 #include "impls/quant/formats.hpp"
 #include "impls/quant/quantizers.hpp"

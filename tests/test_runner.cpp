@@ -1,23 +1,26 @@
+// The runner on a toy technique (tests/toy_technique.hpp): exact peaks, oom as a result, suite files
+// checked against the schema, --set overrides and the --filter regex. Links no real technique.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "harness/runner.hpp"
-#include "impls/gemm/gemm.hpp"
+#include "toy_technique.hpp"
 
 using namespace memtrade;
+using memtrade::test::toy_case;
 namespace fs = std::filesystem;
 
 namespace {
 
-Case gemm_case(int64_t m, int64_t n, int64_t k, const char* dtype = "fp32") {
-  Case c;
-  c.suite = "gemm";
-  c.params = Json{{"m", m}, {"n", n}, {"k", k}, {"dtype", dtype}};
-  c.id = case_id(c.params);
-  c.x = static_cast<double>(n);
-  return c;
+const Registry& toy_registry() {
+  static const Registry r = [] {
+    Registry reg;
+    reg.add(test::toy_technique());
+    return reg;
+  }();
+  return r;
 }
 
 const Impl& impl_named(const Technique& t, const std::string& name) {
@@ -26,69 +29,134 @@ const Impl& impl_named(const Technique& t, const std::string& name) {
   throw Error("no impl " + name);
 }
 
+fs::path suite_dir(const std::string& name, const std::string& body) {
+  const auto dir = fs::temp_directory_path() / ("memtrade_runner_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / (name + ".json")) << body;
+  return dir;
+}
+
+RunOptions options(const fs::path& dir, const std::string& suite) {
+  RunOptions o;
+  o.suites = {suite};
+  o.backend = "cpu";
+  o.suites_dir = dir;
+  o.out = dir.string() + "_results.json";
+  o.verbose = false;
+  o.repetitions = 2;
+  return o;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST(Runner, PeakBytesAreExactAndRepeatable) {
-  const auto& tech = registry().get("gemm");
-  const Case c = gemm_case(20, 12, 36);
+  const auto& tech = toy_registry().get("toy");
+  const Case c = toy_case(20);
   const auto problem = tech.prepare(c);
   auto dev = make_cpu_device();
-  const std::size_t io = (20 * 36 + 36 * 12 + 20 * 12) * sizeof(float);
   for (int round = 0; round < 2; ++round) {
     const Record r = measure(tech, impl_named(tech, "reference"), c, *problem, *dev, 3, 1e-4, {});
     ASSERT_EQ(r.status, "ok") << r.detail;
-    // Inputs and output are live before the call; the reference adds one float64 accumulator row.
-    EXPECT_EQ(r.counter("peak_bytes"), io + 12 * sizeof(double));
-    EXPECT_EQ(r.counter("peak_extra_bytes"), 12 * sizeof(double));
-    EXPECT_EQ(r.counter("peak_bytes_io"), io);
-    EXPECT_EQ(r.counter("peak_bytes_workspace"), 12 * sizeof(double));
+    // x and y are live before the call; the reference adds a float64 scratch of n values.
+    EXPECT_EQ(r.counter("peak_bytes"), 2 * 20 * sizeof(float) + 20 * sizeof(double));
+    EXPECT_EQ(r.counter("peak_extra_bytes"), 20 * sizeof(double));
+    EXPECT_EQ(r.counter("peak_bytes_io"), 2 * 20 * sizeof(float));
+    EXPECT_EQ(r.counter("peak_bytes_workspace"), 20 * sizeof(double));
     EXPECT_EQ(r.times_s.size(), 3u);
-    EXPECT_LT(r.counter("rel_l2_err"), 1e-6);
+    EXPECT_EQ(r.counter("rel_l2_err"), 0.0);
   }
   EXPECT_EQ(dev->memory().total().live, 0u);  // every workload freed what it took
 }
 
 TEST(Runner, CapacityTooSmallIsRecordedAsOom) {
-  const auto& tech = registry().get("gemm");
-  const Case c = gemm_case(64, 64, 64);
+  const auto& tech = toy_registry().get("toy");
+  const Case c = toy_case(64);
   const auto problem = tech.prepare(c);
   auto dev = make_cpu_device();
-  dev->memory().set_capacity(64 * 64 * 4 * 2);  // room for A and B, not C
-  const Record r = measure(tech, impl_named(tech, "openblas"), c, *problem, *dev, 3, 1e-4, {});
+  dev->memory().set_capacity(64 * 4 * 2 + 100);  // room for x and y, not the scratch
+  const Record r = measure(tech, impl_named(tech, "reference"), c, *problem, *dev, 3, 1e-4, {});
   EXPECT_EQ(r.status, "oom");
-  EXPECT_NE(r.detail.find("exceeds capacity 32768 B"), std::string::npos) << r.detail;
-  EXPECT_EQ(r.counter("oom_requested_bytes"), 64 * 64 * 4);
+  EXPECT_NE(r.detail.find("exceeds capacity 612 B"), std::string::npos) << r.detail;
+  EXPECT_EQ(r.counter("oom_requested_bytes"), 64 * 8);
   EXPECT_TRUE(r.times_s.empty());
   EXPECT_EQ(dev->memory().total().live, 0u);  // the partial workload was unwound
 }
 
 TEST(Runner, RunSuitesWritesEveryCaseAndGoesOnAfterOom) {
-  const auto dir = fs::temp_directory_path() / "memtrade_runner_suites";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::ofstream(dir / "mini.json") << R"({"suite": "mini", "technique": "gemm", "x_param": "n",
-    "profiles": {"quick": {"repetitions": 2, "min_time_s": 0.0001, "grid": [{"n": [8, 64, 16], "dtype": ["fp32"]}]},
-                 "full": {"grid": [{"n": [8], "dtype": ["fp32"]}]}}})";
-  RunOptions o;
-  o.suites = {"mini"};
-  o.backend = "cpu";
-  o.suites_dir = dir;
-  o.out = fs::temp_directory_path() / "memtrade_runner_results.json";
-  o.capacity = 8192;  // n=64 needs 48 KiB
-  o.verbose = false;
-  const auto sum = run_suites(registry(), o);
-  EXPECT_EQ(sum.oom, 2);  // both CPU implementations at n=64
-  EXPECT_EQ(sum.ok, 4);   // n=8 and n=16 ran, before and after the oom
+  const auto dir = suite_dir("mini", R"({"suite": "mini", "technique": "toy", "x_param": "n",
+    "profiles": {"quick": {"repetitions": 2, "min_time_s": 0.0001, "grid": [{"n": [8, 64, 16]}]},
+                 "full": {"grid": [{"n": [8]}]}}})");
+  RunOptions o = options(dir, "mini");
+  o.capacity = 2 * 64 * 4 + 100;  // n=64 fits x and y, not the reference's scratch
+  const auto sum = run_suites(toy_registry(), o);
+  EXPECT_EQ(sum.oom, 1);
+  EXPECT_EQ(sum.ok, 5);  // n=8 and n=16 ran, before and after the oom
   const auto loaded = load_results(o.out);
   ASSERT_EQ(loaded.cases.size(), 6u);
   EXPECT_EQ(loaded.cases[2].status, "oom");
-  EXPECT_EQ(loaded.cases[5].status, "ok");
+  EXPECT_EQ(loaded.cases[3].status, "ok");  // the in-place implementation fits
   EXPECT_EQ(loaded.cases[5].times_s.size(), 2u);
-  EXPECT_EQ(loaded.context["memtrade"]["capacity_bytes"], 8192);
+  EXPECT_EQ(loaded.context["memtrade"]["capacity_bytes"], o.capacity.value());
 
   o.suites = {"nonexistent"};
-  EXPECT_THROW(run_suites(registry(), o), Error);
+  EXPECT_THROW(run_suites(toy_registry(), o), Error);
   o.suites = {"mini"};
   o.profile = "huge";
-  EXPECT_THROW(run_suites(registry(), o), Error);
+  EXPECT_THROW(run_suites(toy_registry(), o), Error);
+}
+
+TEST(Runner, SuiteFileKeysAreCheckedAgainstTheSchema) {
+  // A typo in any profile (here the one not run) is an error naming the file, profile, key and hint.
+  const auto dir = suite_dir("typo", R"({"suite": "typo", "technique": "toy", "x_param": "n",
+    "profiles": {"quick": {"grid": [{"n": [8]}]}, "full": {"grid": [{"n": [8], "scael": [2.0]}]}}})");
+  const std::string msg = error_of([&] { run_suites(toy_registry(), options(dir, "typo")); });
+  EXPECT_NE(msg.find("typo.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("profile 'full'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown key 'scael' (did you mean 'scale'?)"), std::string::npos) << msg;
+
+  const auto dir2 = suite_dir("type", R"({"suite": "type", "technique": "toy", "x_param": "n",
+    "profiles": {"quick": {"grid": [{"n": [8], "scale": ["2"]}]}}})");
+  const std::string msg2 = error_of([&] { run_suites(toy_registry(), options(dir2, "type")); });
+  EXPECT_NE(msg2.find("key 'scale' must be a number, got \"2\""), std::string::npos) << msg2;
+
+  const auto dir3 = suite_dir("range", R"({"suite": "range", "technique": "toy", "x_param": "n",
+    "profiles": {"quick": {"grid": [{"n": [0]}]}}})");
+  const std::string msg3 = error_of([&] { run_suites(toy_registry(), options(dir3, "range")); });
+  EXPECT_NE(msg3.find("key 'n' is 0, outside integer >= 1"), std::string::npos) << msg3;
+}
+
+TEST(Runner, FilterIsARegexAndSetOverridesParameters) {
+  const auto dir = suite_dir("sel", R"({"suite": "sel", "technique": "toy", "x_param": "n",
+    "profiles": {"quick": {"min_time_s": 0.0001, "grid": [{"n": [8, 16, 32]}]}}})");
+  RunOptions o = options(dir, "sel");
+  o.filter = "n=(8|32)/tw";
+  EXPECT_EQ(run_suites(toy_registry(), o).ok, 2);
+  auto loaded = load_results(o.out);
+  ASSERT_EQ(loaded.cases.size(), 2u);
+  EXPECT_EQ(loaded.cases[0].name, "sel/n=8/twice");
+  EXPECT_EQ(loaded.cases[1].name, "sel/n=32/twice");
+
+  o.filter = "(";
+  EXPECT_NE(error_of([&] { run_suites(toy_registry(), o); }).find("not a valid regular expression"), std::string::npos);
+
+  // --set n=4 makes the three cases one; --set scale=3 adds a parameter.
+  o.filter = "";
+  o.overrides = {{"n", 4}, {"scale", 3.0}};
+  EXPECT_EQ(run_suites(toy_registry(), o).ok, 2);
+  loaded = load_results(o.out);
+  ASSERT_EQ(loaded.cases.size(), 2u);
+  EXPECT_EQ(loaded.cases[0].name, "sel/n=4,scale=3.0/reference");
+  o.overrides = {{"nn", 4}};
+  EXPECT_NE(error_of([&] { run_suites(toy_registry(), o); }).find("unknown key 'nn' (did you mean 'n'?)"),
+            std::string::npos);
 }

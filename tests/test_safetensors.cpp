@@ -1,4 +1,4 @@
-#include "impls/model/safetensors.hpp"
+#include "model/safetensors.hpp"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 using memtrade::Error;
 using namespace memtrade::stats;

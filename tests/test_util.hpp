@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade::test {
 

@@ -17,7 +17,7 @@
 #include "harness/registry.hpp"
 #include "harness/tensor.hpp"
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 struct Dims {
   int64_t b, h, h_kv, n, n_kv, d;
@@ -106,4 +106,4 @@ std::unique_ptr<Workload> make_flash_cuda(const AttnProblem& p, Device& dev);
 
 void register_technique(Registry& r);
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

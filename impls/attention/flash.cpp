@@ -14,7 +14,7 @@
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 namespace {
 
@@ -466,4 +466,4 @@ void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int6
 
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev) { return std::make_unique<FlashCpu>(p, dev); }
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

@@ -8,7 +8,7 @@
 //
 //   forward   grid (query tile, b * h). Q tile [Br, D] loaded once; loop over key tiles [Bc, D] up to
 //             the causal limit: S = scale Q K^T (masked -inf), one thread per row runs
-//             attn::online_softmax_tile on its row of S (turning it into p, updating m and l, returning
+//             attention::online_softmax_tile on its row of S (turning it into p, updating m and l, returning
 //             the rescale factor c), then acc = c acc + P V. O = acc * inverse_row_sum(l); with the
 //             backward pass lse = row_lse(m, l) goes to a [b * h * n] fp32 buffer.
 //   delta     one warp per query row: delta_i = dO_i . O_i (O as stored, in the dtype).
@@ -29,7 +29,7 @@
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 namespace {
 
@@ -589,4 +589,4 @@ std::unique_ptr<Workload> make_flash_cuda(const AttnProblem& p, Device& dev) {
   return std::make_unique<FlashCuda>(p, dev);
 }
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

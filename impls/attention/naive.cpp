@@ -7,10 +7,10 @@
 
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
-#include "impls/common/blas.hpp"
-#include "impls/common/convert.hpp"
+#include "common/blas.hpp"
+#include "harness/convert.hpp"
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 namespace {
 
@@ -115,4 +115,4 @@ class NaiveCpu final : public AttnWorkload {
 
 std::unique_ptr<Workload> make_naive_cpu(const AttnProblem& p, Device& dev) { return std::make_unique<NaiveCpu>(p, dev); }
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

@@ -4,9 +4,9 @@
 #include "datasets/random.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
-#include "impls/common/blas.hpp"
+#include "common/blas.hpp"
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 float Dims::scale() const { return 1.0f / std::sqrt(static_cast<float>(d)); }
 
@@ -243,4 +243,4 @@ MemoryModel flash_memory(const Dims& s, Backend backend) {
   return m;
 }
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

@@ -7,7 +7,7 @@
 #include "harness/stats.hpp"
 #include "impls/attention/attention.hpp"
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 namespace {
 
@@ -167,6 +167,26 @@ void register_technique(Registry& r) {
   t.name = "attention";
   t.description = "scaled dot-product attention, naive (materialized P) vs flash (tiled online softmax)";
   t.validate = [](const Case& c) { case_dims(c); };
+  t.schema.params = {
+      int_param("b", "batch", 1),
+      int_param("h", "query heads"),
+      int_param("h_kv", "key/value heads (divide h: grouped-query attention)", derived("h")),
+      int_param("n", "query length"),
+      int_param("n_kv", "key/value length", derived("n")),
+      int_param("d", "head dimension of Q and K"),
+      int_param("d_kv", "head dimension of V (must equal d)", derived("d")),
+      bool_param("causal", "causal mask, bottom-right aligned", false),
+      text_param("dtype", "Q, K, V and O dtype (fp32 accumulation)", "fp32", {"fp32", "bf16", "fp16"}),
+      text_param("pass", "forward, or forward and backward", "fwd", {"fwd", "fwd_bwd"}),
+      num_param("logit_scale", "multiplies the random Q (larger logits, peakier softmax)", 1.0, 0),
+  };
+  t.schema.metrics = {
+      {"rel_l2_err_*", "1", Better::lower, Gate::ratio, 2, 1e-6, "relative L2 error of one output (o, dq, dk, dv)"},
+      {"max_abs_err_*", "1", Better::lower, Gate::ratio, 2, 1e-6, "max abs error of one output"},
+      {"oracle_rows", "1", Better::none, Gate::report, 0, 0, "query rows the float64 oracle covers"},
+      {"crossover_n", "tokens", Better::none, Gate::report, 0, 0, "auto: the measured naive/flash crossover"},
+      {"choice_flash", "1", Better::none, Gate::report, 0, 0, "auto: 1 when it ran flash"},
+  };
   t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return prepare(c); };
   auto impl = [&](const char* name, Role role, Backend be, const char* desc,
                   std::unique_ptr<Workload> (*f)(const AttnProblem&, Device&)) {
@@ -176,8 +196,8 @@ void register_technique(Registry& r) {
   impl("flash", Role::optimized, Backend::cpu, "tiled online softmax, O(N) memory, OpenMP", make_flash_cpu);
   impl("auto", Role::optimized, Backend::cpu, "naive below the measured crossover length, else flash",
        +[](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> { return std::make_unique<AutoCpu>(p, dev); });
-  impl("naive", Role::reference, Backend::cuda, "materialized P, cuBLAS GEMMs + softmax kernel", make_naive_cuda);
-  impl("flash", Role::optimized, Backend::cuda, "fused tiled forward and backward kernels", make_flash_cuda);
+  impl("naive", Role::reference, Backend::cuda, "materialized P, cuBLAS GEMMs + softmax kernel", MT_CUDA_FACTORY(make_naive_cuda));
+  impl("flash", Role::optimized, Backend::cuda, "fused tiled forward and backward kernels", MT_CUDA_FACTORY(make_flash_cuda));
   t.tune = [](Device& dev) {
     if (dev.backend() != Backend::cpu) return std::string("attention: the auto dispatcher is CPU-only for now");
     return "attention: flash is at least as fast as naive from n = " + std::to_string(crossover(dev, true)) +
@@ -188,9 +208,5 @@ void register_technique(Registry& r) {
   r.add(std::move(t));
 }
 
-#ifndef MEMTRADE_WITH_CUDA
-std::unique_ptr<Workload> make_naive_cuda(const AttnProblem&, Device&) { throw Skip(cuda_status().reason); }
-std::unique_ptr<Workload> make_flash_cuda(const AttnProblem&, Device&) { throw Skip(cuda_status().reason); }
-#endif
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

@@ -9,8 +9,8 @@
 
 #include <math.h>
 
-#include "harness/common.hpp"
-#include "harness/dtype.hpp"
+#include "common/common.hpp"
+#include "common/dtype.hpp"
 
 // Vectorize a host loop with OpenMP SIMD (the CPU flash build); nothing on the device.
 #if defined(_OPENMP) && !defined(__CUDA_ARCH__)
@@ -22,7 +22,7 @@
 #define MT_SIMD_SUM(v)
 #endif
 
-namespace memtrade::attn {
+namespace memtrade::attention {
 
 // exp(x) for x <= 88 in plain arithmetic, so that CPU loops over it vectorize: Cody-Waite reduction
 // x = k ln2 + r (|r| <= ln2 / 2), a degree-7 Taylor polynomial for e^r (truncation < 3e-9), then the
@@ -86,4 +86,4 @@ MT_HD float prob_from_lse(float s, float lse) { return exp_approx(s - lse); }
 // Gradient of the score: dS = P (dP - delta).
 MT_HD float score_grad(float p, float dp, float delta) { return p * (dp - delta); }
 
-}  // namespace memtrade::attn
+}  // namespace memtrade::attention

@@ -1,5 +1,5 @@
 // GEMM through cuBLAS (the vendor library on the GPU); its workspace comes from the tracked pool.
-#include "impls/common/cublas.hpp"
+#include "harness/tracked_cublas.hpp"
 #include "impls/gemm/gemm.hpp"
 
 namespace memtrade::gemm {
@@ -14,10 +14,10 @@ class CublasGemm final : public GemmWorkload {
   }
 
  private:
-  Cublas blas_;
+  TrackedCublas blas_;
 };
 }  // namespace
 
-std::unique_ptr<Workload> make_cublas(const GemmProblem& p, Device& dev) { return std::make_unique<CublasGemm>(p, dev); }
+std::unique_ptr<Workload> make_cublas_cuda(const GemmProblem& p, Device& dev) { return std::make_unique<CublasGemm>(p, dev); }
 
 }  // namespace memtrade::gemm

@@ -2,8 +2,8 @@
 // accumulation, C in the input dtype.
 //   reference (cpu)  plain loops, float64 accumulation
 //   openblas  (cpu)  OpenBLAS sgemm (fp32 only)
-//   cuda-naive       a shared-memory tiled CUDA kernel, fp32 accumulation
-//   cublas           cublasGemmEx, CUBLAS_COMPUTE_32F
+//   tiled (cuda)     a shared-memory tiled CUDA kernel, fp32 accumulation
+//   cublas (cuda)    cublasGemmEx, CUBLAS_COMPUTE_32F
 // Case parameters: n (and optionally m, k; both default to n), dtype.
 #pragma once
 
@@ -58,10 +58,10 @@ class GemmWorkload : public Workload {
 };
 
 // Implementation factories (one per file).
-std::unique_ptr<Workload> make_reference(const GemmProblem& p, Device& dev);
-std::unique_ptr<Workload> make_openblas(const GemmProblem& p, Device& dev);
-std::unique_ptr<Workload> make_cuda_naive(const GemmProblem& p, Device& dev);
-std::unique_ptr<Workload> make_cublas(const GemmProblem& p, Device& dev);
+std::unique_ptr<Workload> make_reference_cpu(const GemmProblem& p, Device& dev);
+std::unique_ptr<Workload> make_openblas_cpu(const GemmProblem& p, Device& dev);
+std::unique_ptr<Workload> make_tiled_cuda(const GemmProblem& p, Device& dev);
+std::unique_ptr<Workload> make_cublas_cuda(const GemmProblem& p, Device& dev);
 
 void register_technique(Registry& r);
 

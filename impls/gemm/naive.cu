@@ -1,5 +1,5 @@
 // GEMM with a plain shared-memory tiled CUDA kernel: one thread per output element, 16 x 16 tiles of A
-// and B staged through shared memory, fp32 accumulation, conversions from harness/dtype.hpp.
+// and B staged through shared memory, fp32 accumulation, conversions from common/dtype.hpp.
 #include "harness/cuda_device.hpp"
 #include "impls/gemm/gemm.hpp"
 
@@ -52,6 +52,6 @@ class CudaNaive final : public GemmWorkload {
 
 }  // namespace
 
-std::unique_ptr<Workload> make_cuda_naive(const GemmProblem& p, Device& dev) { return std::make_unique<CudaNaive>(p, dev); }
+std::unique_ptr<Workload> make_tiled_cuda(const GemmProblem& p, Device& dev) { return std::make_unique<CudaNaive>(p, dev); }
 
 }  // namespace memtrade::gemm

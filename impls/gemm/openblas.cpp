@@ -1,5 +1,5 @@
 // GEMM through OpenBLAS sgemm (the vendor library on the CPU).
-#include "impls/common/blas.hpp"
+#include "common/blas.hpp"
 #include "impls/gemm/gemm.hpp"
 
 namespace memtrade::gemm {
@@ -15,6 +15,6 @@ class OpenBlas final : public GemmWorkload {
 };
 }  // namespace
 
-std::unique_ptr<Workload> make_openblas(const GemmProblem& p, Device& dev) { return std::make_unique<OpenBlas>(p, dev); }
+std::unique_ptr<Workload> make_openblas_cpu(const GemmProblem& p, Device& dev) { return std::make_unique<OpenBlas>(p, dev); }
 
 }  // namespace memtrade::gemm

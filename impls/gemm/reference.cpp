@@ -22,6 +22,6 @@ class Reference final : public GemmWorkload {
 };
 }  // namespace
 
-std::unique_ptr<Workload> make_reference(const GemmProblem& p, Device& dev) { return std::make_unique<Reference>(p, dev); }
+std::unique_ptr<Workload> make_reference_cpu(const GemmProblem& p, Device& dev) { return std::make_unique<Reference>(p, dev); }
 
 }  // namespace memtrade::gemm

@@ -7,6 +7,12 @@ void register_technique(Registry& r) {
   t.name = "gemm";
   t.description = "dense matrix multiply C = A B with fp32 accumulation";
   t.validate = [](const Case& c) { case_shape(c); };
+  t.schema.params = {
+      int_param("n", "columns of C (and m, k unless given)"),
+      int_param("m", "rows of C", derived("n")),
+      int_param("k", "inner dimension", derived("n")),
+      text_param("dtype", "input and output dtype (fp32 accumulation)", nullptr, {"fp32", "bf16", "fp16"}),
+  };
   t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return prepare(c); };
   using Factory = std::unique_ptr<Workload> (*)(const GemmProblem&, Device&);
   auto impl = [&](const char* name, Role role, Backend be, const char* desc, Factory f, bool fp32_only) {
@@ -17,17 +23,12 @@ void register_technique(Registry& r) {
       };
     t.impls.push_back(std::move(i));
   };
-  impl("reference", Role::reference, Backend::cpu, "plain loops, float64 accumulation", make_reference, true);
-  impl("openblas", Role::vendor, Backend::cpu, "OpenBLAS sgemm", make_openblas, true);
-  impl("cuda-naive", Role::reference, Backend::cuda, "shared-memory tiled kernel, fp32 accumulation", make_cuda_naive, false);
-  impl("cublas", Role::vendor, Backend::cuda, "cublasGemmEx, fp32 compute", make_cublas, false);
+  impl("reference", Role::reference, Backend::cpu, "plain loops, float64 accumulation", make_reference_cpu, true);
+  impl("openblas", Role::vendor, Backend::cpu, "OpenBLAS sgemm", make_openblas_cpu, true);
+  impl("tiled", Role::reference, Backend::cuda, "shared-memory tiled kernel, fp32 accumulation", MT_CUDA_FACTORY(make_tiled_cuda), false);
+  impl("cublas", Role::vendor, Backend::cuda, "cublasGemmEx, fp32 compute", MT_CUDA_FACTORY(make_cublas_cuda), false);
   r.add(std::move(t));
 }
 
-#ifndef MEMTRADE_WITH_CUDA
-// Without the CUDA backend the CUDA implementations stay listed and record "skipped" with the reason.
-std::unique_ptr<Workload> make_cuda_naive(const GemmProblem&, Device&) { throw Skip(cuda_status().reason); }
-std::unique_ptr<Workload> make_cublas(const GemmProblem&, Device&) { throw Skip(cuda_status().reason); }
-#endif
 
 }  // namespace memtrade::gemm

@@ -1,4 +1,4 @@
-// The `precision` technique: the model of impls/model trained for N steps under each precision policy
+// The `precision` technique: the model of model/ trained for N steps under each precision policy
 // from the same initialization and data (byte-level language modelling on the fortunes corpus).
 //
 // Per case and policy the workload, when it is made:
@@ -18,8 +18,9 @@
 
 #include "datasets/corpus.hpp"
 #include "harness/stats.hpp"
-#include "impls/model/train.hpp"
-#include "impls/precision/precision.hpp"
+#include "model/train.hpp"
+#include "model/train_case.hpp"
+#include "precision/policies.hpp"
 
 namespace memtrade::precision {
 
@@ -27,38 +28,12 @@ void register_technique(Registry& r);
 
 namespace {
 
-double number(const Case& c, const char* key, double fallback) {
-  if (!c.params.contains(key)) return fallback;
-  MT_CHECK(c.params.at(key).is_number(), "case " + c.id + ": \"" + key + "\" must be a number");
-  return c.params.at(key).get<double>();
-}
+using model::TrainCase;
 
-struct TrainCase {
-  model::Config cfg;
-  model::TrainOptions opts;
-  int64_t steps = 0, eval_batches = 0;
-  uint64_t seed = 0;
-};
-
-TrainCase read_case(const Case& c) {
-  TrainCase t;
-  Json cfg = c.params;
-  if (!cfg.contains("context") && cfg.contains("seq")) cfg["context"] = cfg["seq"];
-  t.cfg = model::config_from_json(cfg);
-  t.opts.batch = c.integer("batch");
-  t.opts.seq = c.integer("seq", t.cfg.context);
-  t.opts.lr = static_cast<float>(number(c, "lr", 1e-3));
-  t.opts.warmup_steps = c.integer("warmup_steps", 0);
-  t.opts.weight_decay = static_cast<float>(number(c, "weight_decay", 0.1));
-  t.opts.growth_interval = c.integer("growth_interval", 2000);
-  t.steps = c.integer("steps");
-  t.eval_batches = c.integer("eval_batches", 8);
-  t.seed = static_cast<uint64_t>(c.integer("seed", 1));
-  t.opts.seed = t.seed;
-  MT_CHECK(t.steps >= 0 && t.eval_batches > 0, "case " + c.id + ": steps must be >= 0 and eval_batches > 0");
-  model::validate(t.cfg, t.opts);
-  return t;
-}
+// Bound on a policy's gradient error (relative L2 against the float64 step), in unit roundoffs of its
+// compute dtype: one step's gradient passes through a few dozen roundings per value (GEMM outputs,
+// norms, softmax, the stored activations), so errors of a few u are expected and 32 u is a failure.
+constexpr double kGradErrorUnits = 32;
 
 struct PrecisionProblem final : Problem {
   TrainCase tc;
@@ -80,12 +55,8 @@ struct PrecisionProblem final : Problem {
 
 std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<PrecisionProblem>();
-  p->tc = read_case(c);
-  p->corpus = data::load_fortunes(c.text("corpus_dir", data::default_fortunes_dir().string()));
-  const std::string want = c.text("corpus_sha256", "");
-  MT_CHECK(want.empty() || want == p->corpus.sha256,
-           "corpus " + p->corpus.source + " has SHA-256 " + p->corpus.sha256 + ", the case expects " + want +
-               " (a different fortunes package version: update corpus_sha256 in the suite, or install that version)");
+  p->tc = model::read_train_case(c);
+  p->corpus = model::load_case_corpus(p->tc);
   p->split = data::split(p->corpus);
   p->init = model::init_params(p->tc.cfg, p->tc.seed);
   p->probe = p->train_batch(0);
@@ -317,7 +288,40 @@ void register_technique(Registry& r) {
   Technique t;
   t.name = "precision";
   t.description = "training under fp32, bf16-mixed, fp16-mixed (dynamic loss scaling), fp16-mixed-noscale, bf16-pure";
-  t.validate = [](const Case& c) { read_case(c); };
+  t.validate = [](const Case& c) { model::read_train_case(c); };
+  t.schema.params = model::train_case_params();
+  t.schema.metrics = {
+      {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained"},
+      {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
+      {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
+       "weights + master + grads + optimizer state, per parameter"},
+      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
+      {"val_loss_delta_vs_fp32", "nats/byte", Better::lower, Gate::report, 0, 0, "val_loss minus fp32's"},
+      {"val_loss_rel_delta_vs_fp32", "1", Better::lower, Gate::report, 0, 0, "that difference relative to fp32"},
+      {"train_loss_first", "nats/byte", Better::none, Gate::report, 0, 0, "loss of the first step"},
+      {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last step"},
+      {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
+      {"diverged_at_step", "step", Better::none, Gate::report, 0, 0, "where it did"},
+      {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
+      {"skipped_steps", "1", Better::lower, Gate::report, 0, 0, "steps the loss scaler skipped"},
+      {"loss_scale_final", "1", Better::none, Gate::report, 0, 0, "loss scale after training"},
+      {"loss_scale_min", "1", Better::none, Gate::report, 0, 0, "smallest loss scale used"},
+      {"grad_underflow_fp16", "1", Better::lower, Gate::report, 0, 0,
+       "fraction of nonzero weight gradients that round to zero in fp16"},
+      {"curve_loss_step_*", "nats/byte", Better::none, Gate::report, 0, 0, "training-loss curve (40 points)"},
+      {"curve_scale_step_*", "1", Better::none, Gate::report, 0, 0, "loss-scale curve"},
+  };
+  // The gradient of one step against the float64 step: a policy's error follows its compute dtype, so
+  // each policy is bounded by a multiple of that dtype's unit roundoff (not by the fp32 reference).
+  t.error_rule.judge = [](const Case&, const Problem&, const Impl& impl, const ErrorStats& e, const ErrorStats&) {
+    if (!e.finite()) return Verdict{false, "non-finite gradient"};
+    const double u = unit_roundoff(traits(parse_policy(impl.name)).compute);
+    const double bound = kGradErrorUnits * u;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "gradient rel_l2 %.3e vs bound %.3e (%g unit roundoffs of the compute dtype)",
+                  e.rel_l2, bound, kGradErrorUnits);
+    return Verdict{e.rel_l2 <= bound, buf};
+  };
   t.prepare = prepare;
   for (Backend be : {Backend::cpu, Backend::cuda})
     for (Policy p : all_policies)
@@ -333,11 +337,3 @@ void register_technique(Registry& r) {
 }
 
 }  // namespace memtrade::precision
-
-#ifndef MEMTRADE_WITH_CUDA
-namespace memtrade::model {
-std::unique_ptr<Trainer> make_trainer_cuda(const Config&, const TrainOptions&, Device&, std::span<const float>) {
-  throw Skip(cuda_status().reason);
-}
-}  // namespace memtrade::model
-#endif

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "impls/common/blas.hpp"
+#include "common/blas.hpp"
 #include "impls/quant/quantizers.hpp"
 
 namespace memtrade::quant {

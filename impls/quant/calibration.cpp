@@ -6,7 +6,7 @@
 #include <string>
 
 #include "datasets/random.hpp"
-#include "harness/common.hpp"
+#include "common/common.hpp"
 
 namespace memtrade::quant {
 

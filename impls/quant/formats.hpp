@@ -45,8 +45,8 @@
 #include <string>
 #include <string_view>
 
-#include "harness/common.hpp"
-#include "harness/dtype.hpp"
+#include "common/common.hpp"
+#include "common/dtype.hpp"
 
 namespace memtrade::quant {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "impls/common/blas.hpp"
+#include "common/blas.hpp"
 #include "impls/quant/quantizers.hpp"
 
 // LAPACK (bundled in OpenBLAS): Cholesky factorisation and inverse from it, column-major. The trailing

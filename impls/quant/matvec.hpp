@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "harness/dtype.hpp"
+#include "common/dtype.hpp"
 #include "impls/quant/formats.hpp"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/common.hpp"
+#include "common/common.hpp"
 #include "impls/quant/formats.hpp"
 
 namespace memtrade::quant {

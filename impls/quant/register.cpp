@@ -5,12 +5,12 @@
 // formats.hpp spec name such as "int4-g128", or "fp32" / "bf16" for the dense baselines), quantizer
 // ("rtn", "gptq", "awq"). Weights and calibration activations are synthetic (calibration.hpp: Gaussian
 // weights, activations with 1% outlier channels 25-100x larger; the calibration rows and the measured
-// rows share their outlier channels). The trained model's figures are the quant-model technique's
-// (model_level.cpp).
+// rows share their outlier channels). The trained model's figures are the quant_model technique's
+// (impls/quant_model).
 //
-// Implementations: `reference` (dequantize each weight, float64 accumulation), `cpu` (packed codes
-// read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on dequantized panels)
-// and `cuda` (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
+// Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
+// (packed codes read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on
+// dequantized panels) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
 // Counters: weight_bytes (codes + scales + zero points, the exact blob), bits_per_weight, output error
 // against the float64 product with the ORIGINAL weights (rel_l2_err: quantization + arithmetic), the
 // weight reconstruction error (weight_rel_l2_err), the calibration-set layer-output MSE, GB/s over the
@@ -225,6 +225,30 @@ void register_technique(Registry& r) {
   t.name = "quant";
   t.description = "quantized weights (INT8, INT4, FP8, NF4; RTN, GPTQ, AWQ) in matvec / matmul";
   t.validate = [](const Case& c) { read_case(c); };
+  t.schema.params = {
+      int_param("n", "output rows of the weight matrix"),
+      int_param("k", "input features"),
+      int_param("m", "activation rows: 1 is matvec (decode), more is matmul (prefill)", 1),
+      text_param("format",
+                 "fp32 | bf16 (dense baselines) | int8 | int4[-asym]-gG | fp8-e4m3 | fp8-e5m2 | nf4[-dq] "
+                 "(-gG: group size G, default 128)"),
+      text_param("quantizer", "how the codes are chosen", "rtn", {"rtn", "gptq", "awq"}),
+  };
+  t.schema.metrics = {
+      {"weight_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "bytes of the stored weight blob"},
+      {"bits_per_weight", "bits", Better::lower, Gate::exact, 0, 0, "8 x weight_bytes / (n k)"},
+      {"weight_rel_l2_err", "1", Better::lower, Gate::ratio, 1.05, 0, "||W_q - W|| / ||W||"},
+      {"calib_output_mse", "1", Better::lower, Gate::ratio, 1.05, 0, "layer output MSE on calibration rows"},
+      {"awq_ratio", "1", Better::none, Gate::report, 0, 0, "AWQ's chosen scale exponent"},
+  };
+  // The reference decodes each weight and accumulates in float64, so its error against the product with
+  // the original weights is the quantization error: bounded by 3x the weights' own relative error
+  // (a random x does not amplify it more) plus fp32 rounding; dense bf16 by bf16's roundoff.
+  t.error_rule.reference_bound = [](const Case&, const Problem& prob) {
+    const auto& p = problem_as<QuantProblem>(prob);
+    if (p.q.dense) return 8 * unit_roundoff(p.q.dense_dtype);
+    return 3 * p.weight_rel_l2 + 8 * unit_roundoff(DType::f32);
+  };
   t.prepare = prepare;
   auto add = [&](const char* name, Role role, const char* desc, bool optimized, Backend be = Backend::cpu) {
     Impl i = typed_impl<QuantProblem>(t.name, name, role, be, desc, [optimized](const QuantProblem& prob, Device& dev) {
@@ -245,8 +269,8 @@ void register_technique(Registry& r) {
     t.impls.push_back(std::move(i));
   };
   add("reference", Role::reference, "dequantize each weight, float64 accumulation", false);
-  add("cpu", Role::optimized, "packed codes decoded in registers (AVX-512, OpenMP); matmul via OpenBLAS panels", true);
-  add("cuda", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
+  add("packed", Role::optimized, "packed codes decoded in registers (AVX-512, OpenMP); matmul via OpenBLAS panels", true);
+  add("packed", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
       Backend::cuda);
   t.claims["int4-7b"] = check_int4_7b;
   r.add(std::move(t));

@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CMD_TIMEOUT_S = 180
 # The `test` profile's runs; CPU only so that the check needs neither a GPU nor much time.
 RUN_TEST = ["run", "--suite", "gemm", "--profile", "test", "--backend", "cpu"]
-CUDA_IMPLS = ("cuda-naive", "cublas")
+CUDA_IMPLS = ("tiled", "cublas")
 
 
 class CheckFailed(Exception):
@@ -398,7 +398,7 @@ def check_error_exit() -> str:
     """A case that errors is recorded as status error, the run goes on, and run exits 3."""
     suite = json.loads((REPO_ROOT / "suites" / "gemm.json").read_text())
     suite["profiles"] = {"test": {"repetitions": 3, "min_time_s": 0.001,
-                                  "grid": [{"n": [-8, 24], "dtype": ["fp32"]}]}}
+                                  "grid": [{"n": [2097152, 24], "dtype": ["fp32"]}]}}
     suite["claims"] = []
     sdir = CTX.workdir / "suites_err"
     if sdir.exists():
@@ -407,17 +407,67 @@ def check_error_exit() -> str:
     (sdir / "gemm.json").write_text(json.dumps(suite, indent=1))
     fresh("F.json")
     cp = memtrade(*RUN_TEST, "--suites-dir", str(sdir), "--out", "F.json")
-    expect_rc(cp, 3, "run with a case of impossible shape (n=-8)")
+    expect_rc(cp, 3, "run with a case the technique rejects (n = 2^21, above its limit)")
     f = case_status(load("F.json"))
-    bad = {k: e for k, e in f.items() if "n=-8" in k}
+    bad = {k: e for k, e in f.items() if "n=2097152" in k}
     good = {k: e for k, e in f.items() if "n=24" in k}
     expect(bad and all(e.get("status") == "error" and e.get("status_detail") for e in bad.values()),
-           f"F.json: the n=-8 cases should have status error with a detail: "
+           f"F.json: the n=2097152 cases should have status error with a detail: "
            f"{ {k: (e.get('status'), e.get('status_detail')) for k, e in bad.items()} }", cp)
     expect(good and all(e.get("status") == "ok" for e in good.values()),
            f"F.json: the n=24 cases after the error should still run ok: "
            f"{ {k: (e.get('status'), e.get('status_detail')) for k, e in good.items()} }", cp)
     return f"a case that errors is recorded (status error, {len(bad)} records), later cases still run, exit 3"
+
+
+def check_schema() -> str:
+    """Suite files are checked against the technique's declared axes: a typo or a wrong type exits 2 naming
+    the file, the profile and the key; `list TECHNIQUE` prints the axes."""
+    suite = json.loads((REPO_ROOT / "suites" / "gemm.json").read_text())
+    suite["claims"] = []
+    sdir = CTX.workdir / "suites_schema"
+    for grid, needle in (([{"n": [24], "dtype": ["fp32"], "dtpye": ["bf16"]}], "unknown key 'dtpye' (did you mean 'dtype'?)"),
+                         ([{"n": [24], "m": ["24"], "dtype": ["fp32"]}], "key 'm' must be an integer, got \"24\""),
+                         ([{"n": [24], "dtype": ["fp8"]}], "key 'dtype' has value \"fp8\", allowed")):
+        if sdir.exists():
+            shutil.rmtree(sdir)
+        sdir.mkdir()
+        suite["profiles"] = {"test": {"grid": [{"n": [24], "dtype": ["fp32"]}]}, "full": {"grid": grid}}
+        (sdir / "gemm.json").write_text(json.dumps(suite, indent=1))
+        cp = memtrade(*RUN_TEST, "--suites-dir", str(sdir), "--out", "S.json")
+        expect_rc(cp, 2, f"run with a bad key in another profile ({needle})")
+        expect(str(sdir / "gemm.json") in cp.stderr and "profile 'full'" in cp.stderr and needle in cp.stderr,
+               f"the message should name the file, the profile 'full' and say: {needle}", cp)
+    cp = memtrade("list", "gemm")
+    expect_rc(cp, 0, "memtrade list gemm")
+    for word in ("axes", "dtype", "string in {\"fp32\", \"bf16\", \"fp16\"}", "implementations", "openblas",
+                 "peak_bytes", "exact"):
+        expect(word in cp.stdout, f"memtrade list gemm should print {word!r}", cp)
+    cp = memtrade("list", "nonesuch")
+    expect_rc(cp, 2, "memtrade list of an unknown technique")
+    return "bad keys, types and values exit 2 naming file, profile and key (with a hint); list TECHNIQUE prints axes"
+
+
+def check_filter_and_set() -> str:
+    """--filter is a regex over suite/case/impl; --set overrides a parameter of every case."""
+    fresh("R.json")
+    cp = memtrade(*RUN_TEST, "--filter", "n=(24|40),dtype=fp32/open", "--out", "R.json")
+    expect_rc(cp, 0, "run --filter")
+    names = sorted(case_status(load("R.json")))
+    expect(names == ["gemm/n=24,dtype=fp32/openblas", "gemm/n=40,dtype=fp32/openblas"],
+           f"--filter should run exactly the two openblas fp32 cases, ran {names}", cp)
+    fresh("R.json")
+    cp = memtrade(*RUN_TEST, "--set", "n=16", "--set", "dtype=fp32", "--out", "R.json")
+    expect_rc(cp, 0, "run --set")
+    names = sorted(case_status(load("R.json")))
+    expect(names == ["gemm/n=16,dtype=fp32/openblas", "gemm/n=16,dtype=fp32/reference"],
+           f"--set n=16 dtype=fp32 should leave one case, ran {names}", cp)
+    cp = memtrade(*RUN_TEST, "--set", "nn=16", "--out", "R.json")
+    expect_rc(cp, 2, "run --set with an unknown key")
+    expect("unknown key 'nn' (did you mean 'n'?)" in cp.stderr, "the message should name the key", cp)
+    cp = memtrade(*RUN_TEST, "--filter", "(", "--out", "R.json")
+    expect_rc(cp, 2, "run --filter with a bad regex")
+    return "--filter regex ran 2 records; --set n=16 collapsed the grid to one case; bad key or regex exit 2"
 
 
 def cuda_available() -> bool:
@@ -553,6 +603,8 @@ CHECKS = [
     check_missing_case,
     check_oom,
     check_error_exit,
+    check_schema,
+    check_filter_and_set,
     check_no_gpu,
     check_kill_mid_run,
     check_report,

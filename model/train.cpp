@@ -1,0 +1,447 @@
+// The CPU training step (train.hpp), one template over the storage type S of weights, activations and
+// gradients: float (fp32 policy), bf16_t / f16_t (the 16-bit policies) and double (the float64
+// reference). Element math comes from layers.hpp; compute type C is float, or double for S = double.
+#include "model/train.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "datasets/random.hpp"
+#include "impls/attention/attention.hpp"
+#include "common/blas.hpp"
+#include "model/layers.hpp"
+#include "model/train_core.hpp"
+
+namespace memtrade::model {
+
+using precision::Policy;
+
+void validate(const Config& c, const TrainOptions& o) {
+  validate(c);
+  MT_CHECK(o.batch > 0 && o.seq > 0, "training: batch and seq must be positive");
+  MT_CHECK(o.seq <= c.context, "training: seq " + std::to_string(o.seq) + " exceeds the model's context " +
+                                   std::to_string(c.context));
+  MT_CHECK(o.accum_steps > 0, "training: accum_steps must be positive");
+  MT_CHECK(std::isfinite(o.lr) && o.lr >= 0, "training: lr must be finite and >= 0");
+  MT_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "training: betas must lie in [0, 1)");
+  MT_CHECK(o.eps > 0 && o.weight_decay >= 0, "training: eps must be > 0 and weight_decay >= 0");
+  MT_CHECK(o.warmup_steps >= 0 && o.growth_interval > 0, "training: bad warmup_steps or growth_interval");
+  MT_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "training: init_scale must be positive");
+}
+
+void check_batch(const Config& c, const TrainOptions& o, const data::Batch& b) {
+  MT_CHECK(b.batch == o.batch && b.context == o.seq,
+           "training: batch of shape [" + std::to_string(b.batch) + " x " + std::to_string(b.context) +
+               "], expected [" + std::to_string(o.batch) + " x " + std::to_string(o.seq) + "]");
+  const int64_t n = o.batch * o.seq;
+  MT_CHECK(static_cast<int64_t>(b.inputs.size()) == n && static_cast<int64_t>(b.targets.size()) == n,
+           "training: batch token arrays do not match its shape");
+  check_token_ids(b.inputs.data(), n, c.vocab);
+  check_targets(b.targets.data(), n, c.vocab);
+}
+
+namespace {
+
+constexpr int kSlots = 16;  // per-thread scratch slots: figures do not depend on the core count
+
+template <class S>
+using Comp = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
+template <class S>
+Comp<S> ld(S v) {
+  if constexpr (std::is_same_v<S, double>) return v;
+  else return to_f32(v);
+}
+template <class S, class C>
+S st(C v) {
+  if constexpr (std::is_same_v<S, double>) return v;
+  else return from_f32<S>(static_cast<float>(v));
+}
+
+template <class S>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<S, double>) return DType::f64;
+  else if constexpr (std::is_same_v<S, float>) return DType::f32;
+  else if constexpr (std::is_same_v<S, bf16_t>) return DType::bf16;
+  else return DType::f16;
+}
+
+int threads() { return std::min(kSlots, omp_get_max_threads()); }
+
+// S: weights/activations/gradients; M: AdamW moments; compute in Comp<S>.
+template <class S, class M>
+class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
+  using C = Comp<S>;
+  using Base = TrainerCore<CpuTrainer<S, M>, S, M, C>;
+  friend Base;
+  using Base::c_, Base::o_, Base::dev_, Base::L_, Base::master_, Base::weights_, Base::grads_, Base::m_, Base::v_,
+      Base::master_buf_, Base::rows, Base::ws;
+
+ public:
+  CpuTrainer(const Config& c, const TrainOptions& o, Device& dev, std::span<const float> init)
+      : Base(c, o, dev, init, !o.float64 && precision::traits(o.policy).master_fp32,
+             o.float64 ? precision::LossScaler(1, 2, 0.5, 1, false)
+                       : precision::LossScaler(o.init_scale, 2.0, 0.5, o.growth_interval,
+                                               precision::traits(o.policy).loss_scaling)) {
+    this->zero_moments();
+    auto& pool = dev.memory();
+    const int64_t R = rows(), D = c.dim, F = c.ffn, V = c.vocab;
+    const int64_t big = std::max(R * std::max({D, F, V}), std::max(F, V) * D);
+    gemm_out_ = Buffer(pool, big * sizeof(C), Tag::workspace);
+    if constexpr (!std::is_same_v<S, C>) {
+      gemm_a_ = Buffer(pool, big * sizeof(C), Tag::workspace);
+      gemm_b_ = Buffer(pool, big * sizeof(C), Tag::workspace);
+    }
+    width_ = std::max({D, F, V});
+    scratch_ = Buffer(pool, kSlots * 4 * width_ * sizeof(C), Tag::workspace);
+    // RoPE cos/sin per (position, pair), computed once with layers.hpp's formula.
+    const int64_t half = c.head_dim() / 2;
+    rope_ = Buffer(pool, o.seq * half * 2 * sizeof(C), Tag::workspace);
+    for (int64_t t = 0; t < o.seq; ++t)
+      for (int64_t i = 0; i < half; ++i)
+        rope_cos_sin(t, i, c.head_dim(), c.rope_theta, rope_.as<C>()[(t * half + i) * 2],
+                     rope_.as<C>()[(t * half + i) * 2 + 1]);
+  }
+
+ private:
+  C* slot(int k) const { return scratch_.as<C>() + (omp_get_thread_num() * 4 + k) * width_; }
+
+  void zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
+  void clear_counters() {}
+  void read_counters(StepStats&) {}
+
+  std::vector<float> widen(const S* p, int64_t n) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(ld(p[i]));
+    return v;
+  }
+
+  // ---- GEMM: out[m x n] (=, or += when acc) op(A) op(B), fp32 (fp64) accumulation ----
+
+  // A is [m x k] ([k x m] if ta), B is [k x n] ([n x k] if tb). Result into gemm_out_ (C).
+  void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* A, const S* B) {
+    C* out = gemm_out_.as<C>();
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    if constexpr (std::is_same_v<S, double>) {
+      blas::dgemm(ta, tb, m, n, k, 1.0, A, lda, B, ldb, 0.0, out, n);
+    } else if constexpr (std::is_same_v<S, float>) {
+      blas::sgemm(ta, tb, m, n, k, 1.f, A, lda, B, ldb, 0.f, out, n);
+    } else {
+      float *a = gemm_a_.as<float>(), *b = gemm_b_.as<float>();
+#pragma omp parallel for num_threads(threads())
+      for (int64_t i = 0; i < m * k; ++i) a[i] = to_f32(A[i]);
+#pragma omp parallel for num_threads(threads())
+      for (int64_t i = 0; i < k * n; ++i) b[i] = to_f32(B[i]);
+      blas::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, n);
+    }
+  }
+
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* A, const S* B, S* out, bool acc) {
+    gemm_raw(ta, tb, m, n, k, A, B);
+    const C* r = gemm_out_.as<C>();
+#pragma omp parallel for num_threads(threads())
+    for (int64_t i = 0; i < m * n; ++i) out[i] = st<S>(acc ? ld(out[i]) + r[i] : r[i]);
+  }
+
+  // A weight gradient: grad[m x n] += dY^T X (dY [k x m], X [k x n]), counting fp16 underflow of the new
+  // contribution.
+  void gemm_grad(int64_t m, int64_t n, int64_t k, const S* A, const S* B, S* grad, StepStats* s) {
+    gemm_raw(true, false, m, n, k, A, B);
+    const C* r = gemm_out_.as<C>();
+    int64_t nonzero = 0, under = 0;
+#pragma omp parallel for num_threads(threads()) reduction(+ : nonzero, under)
+    for (int64_t i = 0; i < m * n; ++i) {
+      const float v = static_cast<float>(r[i]);
+      if (v != 0.f) {
+        ++nonzero;
+        if ((to_f16(v).bits & 0x7FFFu) == 0) ++under;
+      }
+      grad[i] = st<S>(ld(grad[i]) + r[i]);
+    }
+    if (s) {
+      s->grad_nonzero += nonzero;
+      s->grad_underflow_fp16 += under;
+    }
+  }
+
+  // ---- row operations (16-bit rows are widened into per-thread scratch) ----
+
+  void load_row(const S* src, C* dst, int64_t n) const {
+    for (int64_t j = 0; j < n; ++j) dst[j] = ld(src[j]);
+  }
+  void store_row(const C* src, S* dst, int64_t n) const {
+    for (int64_t j = 0; j < n; ++j) dst[j] = st<S>(src[j]);
+  }
+
+  void embedding_fwd(const int32_t* ids, const S* table, S* out) {
+    embedding_forward(ids, rows(), table, c_.dim, out);
+  }
+
+  // dtable rows += dres rows (serial: repeated ids add up in order).
+  void embedding_bwd(const int32_t* ids, const S* d, S* table) {
+    const int64_t width = c_.dim;
+    for (int64_t r = 0; r < rows(); ++r) {
+      S* dst = table + static_cast<int64_t>(ids[r]) * width;
+      for (int64_t j = 0; j < width; ++j) dst[j] = st<S>(ld(dst[j]) + ld(d[r * width + j]));
+    }
+  }
+
+  void rmsnorm_fwd(const S* x, const S* w, S* y, C* rms) {
+    const int64_t D = c_.dim;
+#pragma omp parallel for num_threads(threads())
+    for (int64_t r = 0; r < rows(); ++r) {
+      C *a = slot(0), *wv = slot(1), *b = slot(2);
+      load_row(x + r * D, a, D);
+      load_row(w, wv, D);
+      rms[r] = rmsnorm_forward_row(a, wv, b, D, c_.norm_eps);
+      store_row(b, y + r * D, D);
+    }
+  }
+
+  // dres += rmsnorm backward of dy (the residual stream's gradient); dw += the norm weight gradient.
+  void rmsnorm_bwd(const S* x, const S* w, const C* rms, const S* dy, S* dres, S* dw) {
+    const int64_t D = c_.dim;
+    Buffer part = ws(kSlots * D, sizeof(C));
+    C* dwp = part.as<C>();
+    std::fill_n(dwp, kSlots * D, C(0));
+#pragma omp parallel for num_threads(threads())
+    for (int64_t r = 0; r < rows(); ++r) {
+      C *a = slot(0), *wv = slot(1), *g = slot(2), *dx = slot(3);
+      load_row(x + r * D, a, D);
+      load_row(w, wv, D);
+      load_row(dy + r * D, g, D);
+      rmsnorm_backward_row(a, wv, rms[r], g, dx, dwp + omp_get_thread_num() * D, D);
+      for (int64_t j = 0; j < D; ++j) dres[r * D + j] = st<S>(ld(dres[r * D + j]) + dx[j]);
+    }
+    for (int64_t j = 0; j < D; ++j) {
+      C sum = 0;
+      for (int t = 0; t < kSlots; ++t) sum += dwp[t * D + j];
+      dw[j] = st<S>(ld(dw[j]) + sum);
+    }
+  }
+
+  // [B, T, heads, hd] rows -> [B, heads, T, hd], rotated by RoPE (sign 1), or the inverse: dst rows from
+  // [B, heads, T, hd] rotated back (sign -1). rotate = false: transpose only.
+  void to_heads(const S* src, S* dst, int64_t heads, bool rotate) { permute(src, dst, heads, rotate, true); }
+  void from_heads(const S* src, S* dst, int64_t heads, bool rotate) { permute(src, dst, heads, rotate, false); }
+  void permute(const S* src, S* dst, int64_t heads, bool rotate, bool forward) {
+    const int64_t T = o_.seq, hd = c_.head_dim(), half = hd / 2;
+    const C* tab = rope_.as<C>();
+#pragma omp parallel for num_threads(threads())
+    for (int64_t bt = 0; bt < rows(); ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t flat = (bt * heads + h) * hd, head = ((b * heads + h) * T + t) * hd;
+        const S* in = src + (forward ? flat : head);
+        S* out = dst + (forward ? head : flat);
+        if (!rotate) {
+          std::copy_n(in, hd, out);
+          continue;
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          const C cs = tab[(t * half + i) * 2], sn = tab[(t * half + i) * 2 + 1] * (forward ? C(1) : C(-1));
+          C y1, y2;
+          rope_rotate_pair(ld(in[i]), ld(in[i + half]), cs, sn, y1, y2);
+          out[i] = st<S>(y1);
+          out[i + half] = st<S>(y2);
+        }
+      }
+    }
+  }
+
+  void swiglu(const S* g, const S* u, S* h, int64_t n) {
+#pragma omp parallel for num_threads(threads())
+    for (int64_t i = 0; i < n; ++i) h[i] = st<S>(swiglu_forward_elem(ld(g[i]), ld(u[i])));
+  }
+
+  // g and u receive their gradients.
+  void swiglu_bwd(S* g, S* u, const S* dh, int64_t n) {
+#pragma omp parallel for num_threads(threads())
+    for (int64_t i = 0; i < n; ++i) {
+      C dg, du;
+      swiglu_backward_elem(ld(g[i]), ld(u[i]), ld(dh[i]), dg, du);
+      g[i] = st<S>(dg);
+      u[i] = st<S>(du);
+    }
+  }
+
+  // Sum of the rows' losses, in row order (deterministic).
+  double ce_loss_sum(const S* z, const int32_t* tg) {
+    const int64_t V = c_.vocab;
+    double sum = 0;
+    for (int64_t r = 0; r < rows(); ++r) {
+      C* zr = slot(0);
+      load_row(z + r * V, zr, V);
+      sum += static_cast<double>(cross_entropy_row_forward(zr, tg[r], V));
+    }
+    return sum;
+  }
+
+  void ce_bwd(S* z, const int32_t* tg, C scale) {
+    const int64_t V = c_.vocab;
+#pragma omp parallel for num_threads(threads())
+    for (int64_t r = 0; r < rows(); ++r) {
+      C* zr = slot(0);
+      load_row(z + r * V, zr, V);
+      cross_entropy_row_backward(zr, tg[r], V, scale, zr);
+      store_row(zr, z + r * V, V);
+    }
+  }
+
+  // ---- attention: the CPU flash kernels (the float64 reference: the attention oracle) ----
+
+  static double* dbl(const Buffer& b) { return static_cast<double*>(b.data()); }
+
+  attention::Dims attn_dims() const {
+    return attention::Dims{o_.batch, c_.heads, c_.kv_heads, o_.seq, o_.seq, c_.head_dim(), true, dtype_of<S>(), true};
+  }
+
+  // The flash backward needs the per-row log-sum-exp ([B*H*T] fp32).
+  int64_t attention_saved_bytes() const { return attn_dims().rows() * static_cast<int64_t>(sizeof(float)); }
+
+  void attention_fwd(LayerActs& a) {
+    const attention::Dims s = attn_dims();
+    if constexpr (std::is_same_v<S, double>) {
+      reference_attention(s, dbl(a.q), dbl(a.k), dbl(a.v), nullptr, dbl(a.o), nullptr, nullptr, nullptr);
+    } else {
+      Buffer w = ws(attention::cpu_flash_slots(s) * attention::cpu_flash_slot_bytes(s.d), 1);
+      const attention::FlashCpuBuffers fb{a.q.data(), a.k.data(), a.v.data(), a.o.data(), nullptr, nullptr, nullptr, nullptr};
+      attention::flash_forward_cpu(s, fb, w.as<float>(), attention::cpu_flash_slots(s), a.attn.as<float>());
+    }
+  }
+
+  void attention_bwd(LayerActs& a, const S* dout, S* dq, S* dk, S* dv) {
+    const attention::Dims s = attn_dims();
+    if constexpr (std::is_same_v<S, double>) {
+      reference_attention(s, dbl(a.q), dbl(a.k), dbl(a.v), dout, dbl(a.o), dq, dk, dv);
+    } else {
+      Buffer w = ws(attention::cpu_flash_slots(s) * attention::cpu_flash_slot_bytes(s.d), 1);
+      Buffer delta = ws(s.rows(), sizeof(float));
+      const attention::FlashCpuBuffers fb{a.q.data(), a.k.data(), a.v.data(), a.o.data(), dout, dq, dk, dv};
+      attention::flash_backward_cpu(s, fb, w.as<float>(), attention::cpu_flash_slots(s), a.attn.as<float>(), delta.as<float>());
+    }
+  }
+
+  // float64 attention per (batch, query head) with the attention technique's oracle; dK and dV of a
+  // key/value head accumulate over its query heads.
+  static void reference_attention(const attention::Dims& s, const double* q, const double* k, const double* v,
+                                  const double* dout, double* o, double* dq, double* dk, double* dv) {
+    std::vector<int64_t> all(s.n);
+    for (int64_t i = 0; i < s.n; ++i) all[i] = i;
+    attention::Dims one = s;
+    one.b = one.h = one.h_kv = 1;
+    const int64_t qs = s.n * s.d, ks = s.n_kv * s.d;
+    if (dk) {
+      std::fill_n(dk, s.kv_elems(), 0.0);
+      std::fill_n(dv, s.kv_elems(), 0.0);
+    }
+    for (int64_t b = 0; b < s.b; ++b)
+      for (int64_t h = 0; h < s.h; ++h) {
+        const int64_t qo = (b * s.h + h) * qs, ko = (b * s.h_kv + h / s.group()) * ks;
+        std::vector<double> tmp_o(qs);
+        attention::reference_head_f64(one, q + qo, k + ko, v + ko, dout ? dout + qo : nullptr, all,
+                                 dout ? tmp_o.data() : o + qo, dq ? dq + qo : nullptr, dk ? dk + ko : nullptr,
+                                 dv ? dv + ko : nullptr);
+      }
+  }
+
+  // ---- AdamW under the policy ----
+
+  bool any_non_finite(const S* g, float inv) {
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(threads()) reduction(+ : bad)
+    for (int64_t i = 0; i < L_.total; ++i)
+      if (!std::isfinite(static_cast<double>(ld(g[i])) * inv)) ++bad;
+    return bad > 0;
+  }
+
+  void adamw(const ParamTensor& pt, float lr, float wd, float bc1, float bc2, float inv, int64_t t) {
+    using U = std::conditional_t<std::is_same_v<M, double>, double, float>;  // update arithmetic
+    const int64_t P = L_.total;
+    S* w = weights_.template as<S>();
+    const S* g = grads_.template as<S>();
+    M *m = m_.template as<M>(), *v = v_.template as<M>();
+    float* mw = master_ ? master_buf_.template as<float>() : nullptr;
+#pragma omp parallel for num_threads(threads())
+    for (int64_t i = pt.offset; i < pt.offset + pt.size; ++i) {
+      const U grad = static_cast<U>(ld(g[i])) * static_cast<U>(inv);
+      U mi = load_moment(m[i]), vi = load_moment(v[i]);
+      U p = master_ ? static_cast<U>(mw[i]) : static_cast<U>(ld(w[i]));
+      adamw_step(p, grad, mi, vi, lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2);
+      m[i] = store_moment(mi);
+      v[i] = store_moment(vi);
+      if (master_) {
+        mw[i] = static_cast<float>(p);
+        w[i] = st<S>(static_cast<C>(p));
+      } else if constexpr (std::is_same_v<S, bf16_t>) {
+        // bf16-pure: stochastic rounding, bits a pure function of (seed, step, index).
+        const auto bits = static_cast<uint32_t>(data::mix64(o_.seed ^ data::mix64(static_cast<uint64_t>(t) * P + i)));
+        w[i] = precision::round_bf16_stochastic(static_cast<float>(p), bits);
+      } else {
+        w[i] = st<S>(static_cast<C>(p));
+      }
+    }
+  }
+
+  static auto load_moment(M x) {
+    if constexpr (std::is_same_v<M, double>) return x;
+    else return to_f32(x);
+  }
+  template <class U>
+  static M store_moment(U x) {
+    if constexpr (std::is_same_v<M, double>) return x;
+    else return from_f32<M>(static_cast<float>(x));
+  }
+
+  Buffer gemm_out_, gemm_a_, gemm_b_, scratch_, rope_;
+  int64_t width_ = 0;
+};
+
+}  // namespace
+
+std::vector<Trainer::LinearInputs> Trainer::linear_inputs(const data::Batch&) {
+  throw Error("linear_inputs: not available on this backend");
+}
+
+std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const uint8_t> train, int64_t steps,
+                              uint64_t seed) {
+  o.policy = Policy::fp32;
+  o.float64 = false;
+  o.accum_steps = 1;
+  auto dev = make_cpu_device();
+  auto t = make_trainer_cpu(c, o, *dev, init_params(c, seed));
+  for (int64_t s = 0; s < steps; ++s) {
+    const data::Batch micro[] = {data::sample_batch(train, o.batch, o.seq, seed, static_cast<uint64_t>(s))};
+    t->step(micro);
+  }
+  return t->params();
+}
+
+std::unique_ptr<Trainer> make_trainer_cpu(const Config& c, const TrainOptions& o, Device& dev,
+                                          std::span<const float> init) {
+  validate(c, o);
+  if (o.float64) return std::make_unique<CpuTrainer<double, double>>(c, o, dev, init);
+  switch (o.policy) {
+    case Policy::fp32: return std::make_unique<CpuTrainer<float, float>>(c, o, dev, init);
+    case Policy::bf16_mixed: return std::make_unique<CpuTrainer<bf16_t, float>>(c, o, dev, init);
+    case Policy::fp16_mixed:
+    case Policy::fp16_mixed_noscale: return std::make_unique<CpuTrainer<f16_t, float>>(c, o, dev, init);
+    case Policy::bf16_pure: return std::make_unique<CpuTrainer<bf16_t, bf16_t>>(c, o, dev, init);
+  }
+  throw Error("training: unknown precision policy");
+}
+
+}  // namespace memtrade::model
+
+#ifndef MEMTRADE_WITH_CUDA
+// Without the CUDA backend the CUDA trainer is listed and its cases record "skipped" with the reason.
+namespace memtrade::model {
+std::unique_ptr<Trainer> make_trainer_cuda(const Config&, const TrainOptions&, Device&, std::span<const float>) {
+  throw Skip(cuda_status().reason);
+}
+}  // namespace memtrade::model
+#endif

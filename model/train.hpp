@@ -1,0 +1,105 @@
+// The training step of the model in model.hpp: forward, hand-written backward and AdamW, under a
+// precision policy, on one device. Later training techniques (activation checkpointing, gradient
+// accumulation, optimizer offload, adapters) are options of this step.
+//
+// Storage (every buffer from the device's tracked allocator, with its tag):
+//   weights      the working copy the forward/backward reads, in the policy's weight dtype
+//   master       fp32 master weights (mixed policies only)
+//   grads        gradients, in the weight dtype (produced by fp32-accumulating GEMMs, then rounded)
+//   optimizer    AdamW's two moments (fp32, or bf16 for bf16-pure)
+//   activations  what the forward keeps for the backward, in the compute dtype (per-row RMS factors
+//                and the attention log-sum-exp in fp32); freed at the end of the backward
+//   workspace    GEMM staging, per-thread row scratch, attention tiles, transient gradients
+//   io           the batch's token ids and targets
+// On the CPU, "bf16"/"fp16" compute means every stored value is rounded to 16 bits; each operation
+// loads 16-bit values, computes in fp32 (OpenBLAS sgemm on fp32 copies of the operands for GEMMs,
+// the FlashAttention-2 CPU kernels for attention) and rounds its output back to 16 bits.
+//
+// Step semantics: gradients are zeroed once per optimizer step and accumulated over accum_steps
+// micro-batches; the loss gradient of every token is loss_scale / (tokens of all micro-batches), so
+// accumulation equals one large batch up to rounding. Gradients are unscaled in fp32 before the
+// update; with dynamic loss scaling a step with a non-finite gradient is skipped (LossScaler). AdamW
+// decays matrices only (not norm weights); the learning rate warms up linearly over warmup_steps.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "datasets/corpus.hpp"
+#include "harness/device.hpp"
+#include "model/model.hpp"
+#include "precision/policies.hpp"
+
+namespace memtrade::model {
+
+struct TrainOptions {
+  precision::Policy policy = precision::Policy::fp32;
+  bool float64 = false;         // the float64 reference: every value and operation in double (policy ignored)
+  int64_t batch = 1, seq = 0;   // micro-batch shape; seq <= config.context
+  int64_t accum_steps = 1;      // micro-batches per optimizer step
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  int64_t warmup_steps = 0;
+  uint64_t seed = 0;            // stream of the stochastic rounding bits (bf16-pure)
+  double init_scale = 65536.0;  // dynamic loss scaling (fp16-mixed), PyTorch's defaults
+  int64_t growth_interval = 2000;
+};
+
+// Throws Error naming the problem (batch/seq/accum <= 0, seq > context, lr/betas/eps out of range).
+void validate(const Config& c, const TrainOptions& o);
+
+struct StepStats {
+  double loss = 0;              // mean loss over the step's tokens, from the forward pass
+  bool applied = true;          // false: skipped by the loss scaler
+  bool non_finite = false;      // a gradient was Inf or NaN after unscaling
+  float loss_scale = 1;         // the scale this step's backward used
+  // Weight-matrix gradients as the fp32-accumulating GEMMs produced them (scaled by loss_scale):
+  // how many were nonzero, and how many of those round to zero in fp16. For the fp16 policies this is
+  // the underflow that happened; for the others, the underflow fp16 storage would have caused.
+  int64_t grad_nonzero = 0, grad_underflow_fp16 = 0;
+};
+
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+  // One optimizer step over accum_steps micro-batches, each [batch x seq] inputs and targets.
+  virtual StepStats step(std::span<const data::Batch> micro) = 0;
+  // Mean loss of a batch at the current weights (forward only).
+  virtual double eval_loss(const data::Batch& b) = 0;
+  // Gradient of the mean loss of one batch at the current weights (loss scale 1, no update), per
+  // parameter in the layout's order, as double. The weights are unchanged.
+  virtual std::vector<double> gradients(const data::Batch& b) = 0;
+  // The working weights (what the forward reads), as fp32.
+  virtual std::vector<float> params() const = 0;
+  virtual const precision::LossScaler& scaler() const = 0;
+  virtual int64_t steps_taken() const = 0;
+  // The inputs of every linear layer for one batch at the current weights (forward only), as fp32
+  // [batch * seq x in_features] row-major, per layer: the attention input (q/k/v projections), the
+  // attention output (o_proj), the MLP input (gate/up projections), the SwiGLU output (down_proj).
+  // Calibration data for weight quantization. Backends without it throw Error.
+  using LinearInputs = std::array<std::vector<float>, 4>;
+  virtual std::vector<LinearInputs> linear_inputs(const data::Batch& b);
+};
+
+// fp32 training on the CPU from init_params(c, seed) over `steps` batches of the training split,
+// sample_batch(train, o.batch, o.seq, seed, step) for step = 0, 1, ... (the batches the precision
+// suite uses): the model the inference techniques load. Returns the weights.
+std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const uint8_t> train, int64_t steps,
+                              uint64_t seed);
+
+// A trainer on the CPU, starting from `init` (fp32 values, rounded to the policy's dtypes).
+std::unique_ptr<Trainer> make_trainer_cpu(const Config& c, const TrainOptions& o, Device& dev,
+                                          std::span<const float> init);
+
+// The same trainer on a CUDA device (train.cu, built with MEMTRADE_WITH_CUDA): the same buffers, tags and
+// step semantics, every kernel's math from layers.hpp / precision.hpp; attention materializes the
+// [T x T] probabilities (kept as activations instead of the CPU's log-sum-exp). Throws Error for
+// o.float64 (the float64 reference is CPU only) or a device that is not CUDA.
+std::unique_ptr<Trainer> make_trainer_cuda(const Config& c, const TrainOptions& o, Device& dev,
+                                           std::span<const float> init);
+
+// Checks a batch's shape against the options and its ids against the vocabulary.
+void check_batch(const Config& c, const TrainOptions& o, const data::Batch& b);
+
+}  // namespace memtrade::model

@@ -1,0 +1,320 @@
+// The training step's orchestration, shared by the CPU (train.cpp) and CUDA (train.cu) trainers: the
+// model state and its tags, the forward and backward sequence layer by layer, which activations live
+// when, the step over micro-batches with loss scaling, AdamW's bookkeeping (warm-up, bias corrections,
+// skipped steps), evaluation and calibration capture. Backends supply the operations (CRTP): a backend
+// class B derives from TrainerCore<B, S, M, C> and provides
+//
+//   embedding_fwd(ids, table, out)            out rows = table[ids] (R rows of dim)
+//   embedding_bwd(ids, dres, dtable)          dtable[ids] += dres rows (repeats add up in row order)
+//   rmsnorm_fwd(x, w, y, rms)                 rows of dim; rms: [R] of C
+//   rmsnorm_bwd(x, w, rms, dy, dres, dw)      dres += dx; dw += the weight gradient
+//   gemm(ta, tb, m, n, k, A, B, out, acc)     out[m x n] (= or +=) op(A) op(B), fp32 (C) accumulation
+//   gemm_grad(m, n, k, dY, X, grad, stats)    grad[m x n] += dY^T X, counting fp16 underflow
+//   to_heads / from_heads(src, dst, heads, rotate)   [R x heads*hd] <-> [B, heads, T, hd] (+ RoPE)
+//   attention_saved_bytes()                   what attention keeps per layer for its backward (A.attn)
+//   attention_fwd(A)                          A.o from A.q, A.k, A.v: causal GQA, [B, H, T, hd] layout
+//   attention_bwd(A, dout, dq, dk, dv)
+//   swiglu(g, u, h, n), swiglu_bwd(g, u, dh, n)   the backward leaves dg in g and du in u
+//   ce_loss_sum(logits, targets)              sum over rows of the cross-entropy (double)
+//   ce_bwd(logits, targets, scale)            dlogits in place
+//   clear_counters(), read_counters(stats)    the fp16-underflow counters of a step (device backends)
+//   any_non_finite(grads, inv_scale)          a gradient whose unscaled value is Inf or NaN
+//   adamw(tensor, lr, wd, bc1, bc2, inv_scale, t)  the update of one parameter tensor under the policy
+//   widen(ptr, n)                             n S values to host fp32
+//   zero(ptr, bytes)                          all bits 0 (+0 in every storage type)
+// and owns its workspace. The core allocates everything else with the tags train.hpp lists.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "model/train.hpp"
+
+namespace memtrade::model {
+
+// What the forward keeps for the backward (tag activations). `attn` is the attention backend's saved
+// state (the CPU flash kernels' log-sum-exp, or the CUDA plain attention's probabilities).
+struct LayerActs {
+  Buffer x_in, rms1, xn1, q, k, v, o, attn, x_mid, rms2, xn2, g, u;
+};
+struct Acts {
+  std::vector<LayerActs> layer;
+  Buffer x_final, rmsf, xnf, logits;
+};
+
+// S: weights / activations / gradients; M: AdamW moments; C: compute type (float, or double for the
+// float64 reference).
+template <class B, class S, class M, class C>
+class TrainerCore : public Trainer {
+ public:
+  StepStats step(std::span<const data::Batch> micro) override {
+    MT_CHECK(static_cast<int64_t>(micro.size()) == o_.accum_steps,
+             "training: step got " + std::to_string(micro.size()) + " micro-batches, expected " +
+                 std::to_string(o_.accum_steps));
+    StepStats s;
+    s.loss_scale = scaler_.scale();
+    zero_grads();
+    double loss = 0;
+    for (const auto& b : micro)
+      loss += forward_backward(b, static_cast<C>(s.loss_scale) / static_cast<C>(rows() * o_.accum_steps), &s);
+    s.loss = loss / static_cast<double>(micro.size());
+    be().read_counters(s);
+    s.applied = optimizer_step(s);
+    dev_.synchronize();
+    ++steps_;
+    return s;
+  }
+
+  double eval_loss(const data::Batch& b) override {
+    load_batch(b);
+    Acts a;
+    return forward(a);
+  }
+
+  std::vector<double> gradients(const data::Batch& b) override {
+    zero_grads();
+    forward_backward(b, C(1) / static_cast<C>(rows()), nullptr);
+    const auto g = be().widen(grads_.template as<S>(), L_.total);
+    return {g.begin(), g.end()};
+  }
+
+  std::vector<float> params() const override {
+    return const_cast<TrainerCore*>(this)->be().widen(weights_.template as<S>(), L_.total);
+  }
+
+  // The forward's xn1, o (back in rows), xn2 and swiglu(g, u), widened to fp32.
+  std::vector<LinearInputs> linear_inputs(const data::Batch& b) override {
+    load_batch(b);
+    Acts a;
+    forward(a);
+    const int64_t R = rows(), D = c_.dim, F = c_.ffn;
+    std::vector<LinearInputs> out;
+    for (auto& A : a.layer) {
+      Buffer rows_buf = ws(std::max(R * D, R * F));
+      LinearInputs in;
+      in[0] = be().widen(A.xn1.template as<S>(), R * D);
+      be().from_heads(A.o.template as<S>(), rows_buf.template as<S>(), c_.heads, false);
+      in[1] = be().widen(rows_buf.template as<S>(), R * D);
+      in[2] = be().widen(A.xn2.template as<S>(), R * D);
+      be().swiglu(A.g.template as<S>(), A.u.template as<S>(), rows_buf.template as<S>(), R * F);
+      in[3] = be().widen(rows_buf.template as<S>(), R * F);
+      out.push_back(std::move(in));
+    }
+    return out;
+  }
+
+  const precision::LossScaler& scaler() const override { return scaler_; }
+  int64_t steps_taken() const override { return steps_; }
+
+ protected:
+  // Allocates and uploads the model state (weights, grads, master, moments) and the batch buffers.
+  TrainerCore(const Config& c, const TrainOptions& o, Device& dev, std::span<const float> init, bool master,
+              precision::LossScaler scaler)
+      : c_(c), o_(o), dev_(dev), L_(param_layout(c)), master_(master), scaler_(scaler) {
+    validate(c, o);
+    MT_CHECK(static_cast<int64_t>(init.size()) == L_.total, "trainer: initial parameters do not match the config");
+    const int64_t P = L_.total;
+    auto& pool = dev.memory();
+    weights_ = Buffer(pool, P * sizeof(S), Tag::weights);
+    grads_ = Buffer(pool, P * sizeof(S), Tag::grads);
+    m_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
+    v_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
+    if (master_) master_buf_ = Buffer(pool, P * sizeof(float), Tag::master);
+    std::vector<S> w(P);
+    for (int64_t i = 0; i < P; ++i) w[i] = store<S>(static_cast<C>(init[i]));
+    dev.copy(weights_.data(), w.data(), P * sizeof(S), CopyKind::host_to_device);
+    if (master_) dev.copy(master_buf_.data(), init.data(), P * sizeof(float), CopyKind::host_to_device);
+    ids_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
+    targets_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
+  }
+
+  // Host-side rounding of a C value to a storage type.
+  template <class T>
+  static T store(C v) {
+    if constexpr (std::is_same_v<T, double>) return static_cast<double>(v);
+    else return from_f32<T>(static_cast<float>(v));
+  }
+
+  B& be() { return static_cast<B&>(*this); }
+  int64_t rows() const { return o_.batch * o_.seq; }
+  Buffer act(int64_t n, std::size_t elem = sizeof(S)) { return Buffer(dev_.memory(), n * elem, Tag::activations); }
+  Buffer ws(int64_t n, std::size_t elem = sizeof(S)) { return Buffer(dev_.memory(), n * elem, Tag::workspace); }
+  S* W(int64_t off) const { return weights_.template as<S>() + off; }
+  S* G(int64_t off) const { return grads_.template as<S>() + off; }
+  void copy_rows(const Buffer& src, Buffer& dst, int64_t n) {
+    dev_.copy(dst.data(), src.data(), n * sizeof(S), CopyKind::device_to_device);
+  }
+
+  void load_batch(const data::Batch& b) {
+    check_batch(c_, o_, b);
+    dev_.copy(ids_.data(), b.inputs.data(), rows() * sizeof(int32_t), CopyKind::host_to_device);
+    dev_.copy(targets_.data(), b.targets.data(), rows() * sizeof(int32_t), CopyKind::host_to_device);
+  }
+
+  // Called by the backend's constructor once its operations can run.
+  void zero_moments() {
+    be().zero(m_.data(), m_.bytes());
+    be().zero(v_.data(), v_.bytes());
+  }
+
+  void zero_grads() {
+    be().zero(grads_.data(), grads_.bytes());
+    be().clear_counters();
+  }
+
+  // Runs the forward pass on the loaded batch, keeping activations in `a`; returns the mean loss.
+  double forward(Acts& a) {
+    const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab;
+    Buffer x = act(R * D);
+    be().embedding_fwd(ids_.template as<int32_t>(), W(L_.embed), x.template as<S>());
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      const auto& P = L_.layer[l];
+      LayerActs& A = a.layer.emplace_back();
+      A.x_in = std::move(x);
+      A.rms1 = act(R, sizeof(C));
+      A.xn1 = act(R * D);
+      be().rmsnorm_fwd(A.x_in.template as<S>(), W(P.attn_norm), A.xn1.template as<S>(), A.rms1.template as<C>());
+      A.q = act(R * D);
+      A.k = act(R * KV);
+      A.v = act(R * KV);
+      A.o = act(R * D);
+      A.attn = act(be().attention_saved_bytes(), 1);
+      {
+        Buffer lin = ws(R * D);
+        be().gemm(false, true, R, D, D, A.xn1.template as<S>(), W(P.wq), lin.template as<S>(), false);
+        be().to_heads(lin.template as<S>(), A.q.template as<S>(), c_.heads, true);
+        be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wk), lin.template as<S>(), false);
+        be().to_heads(lin.template as<S>(), A.k.template as<S>(), c_.kv_heads, true);
+        be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wv), lin.template as<S>(), false);
+        be().to_heads(lin.template as<S>(), A.v.template as<S>(), c_.kv_heads, false);
+      }
+      be().attention_fwd(A);
+      A.x_mid = act(R * D);
+      {
+        Buffer ot = ws(R * D);
+        be().from_heads(A.o.template as<S>(), ot.template as<S>(), c_.heads, false);
+        copy_rows(A.x_in, A.x_mid, R * D);
+        be().gemm(false, true, R, D, D, ot.template as<S>(), W(P.wo), A.x_mid.template as<S>(), true);
+      }
+      A.rms2 = act(R, sizeof(C));
+      A.xn2 = act(R * D);
+      be().rmsnorm_fwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.xn2.template as<S>(), A.rms2.template as<C>());
+      A.g = act(R * F);
+      A.u = act(R * F);
+      be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wg), A.g.template as<S>(), false);
+      be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wu), A.u.template as<S>(), false);
+      x = act(R * D);
+      {
+        Buffer h = ws(R * F);
+        be().swiglu(A.g.template as<S>(), A.u.template as<S>(), h.template as<S>(), R * F);
+        copy_rows(A.x_mid, x, R * D);
+        be().gemm(false, true, R, D, F, h.template as<S>(), W(P.wd), x.template as<S>(), true);
+      }
+    }
+    a.x_final = std::move(x);
+    a.rmsf = act(R, sizeof(C));
+    a.xnf = act(R * D);
+    be().rmsnorm_fwd(a.x_final.template as<S>(), W(L_.final_norm), a.xnf.template as<S>(), a.rmsf.template as<C>());
+    a.logits = act(R * V);
+    be().gemm(false, true, R, V, D, a.xnf.template as<S>(), W(L_.head), a.logits.template as<S>(), false);
+    return be().ce_loss_sum(a.logits.template as<S>(), targets_.template as<int32_t>()) / static_cast<double>(R);
+  }
+
+  // Forward and backward of one micro-batch; gradients accumulate. `scale`: d(loss)/d(token loss).
+  double forward_backward(const data::Batch& batch, C scale, StepStats* s) {
+    load_batch(batch);
+    Acts a;
+    const double loss = forward(a);
+    const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab;
+    be().ce_bwd(a.logits.template as<S>(), targets_.template as<int32_t>(), scale);  // dlogits in place
+    const S* dz = a.logits.template as<S>();
+    be().gemm_grad(V, D, R, dz, a.xnf.template as<S>(), G(L_.head), s);
+    Buffer dres = ws(R * D);  // gradient of the residual stream
+    be().zero(dres.data(), dres.bytes());
+    {
+      Buffer dxn = ws(R * D);
+      be().gemm(false, false, R, D, V, dz, W(L_.head), dxn.template as<S>(), false);
+      a.logits.reset();
+      be().rmsnorm_bwd(a.x_final.template as<S>(), W(L_.final_norm), a.rmsf.template as<C>(), dxn.template as<S>(),
+                       dres.template as<S>(), G(L_.final_norm));
+    }
+    for (int64_t l = c_.layers - 1; l >= 0; --l) {
+      const auto& P = L_.layer[l];
+      LayerActs& A = a.layer[l];
+      S* dr = dres.template as<S>();
+      // MLP: x_out = x_mid + Wd h
+      {
+        Buffer h = ws(R * F), dh = ws(R * F);
+        be().swiglu(A.g.template as<S>(), A.u.template as<S>(), h.template as<S>(), R * F);
+        be().gemm_grad(D, F, R, dr, h.template as<S>(), G(P.wd), s);
+        be().gemm(false, false, R, F, D, dr, W(P.wd), dh.template as<S>(), false);
+        be().swiglu_bwd(A.g.template as<S>(), A.u.template as<S>(), dh.template as<S>(), R * F);  // g, u: dg, du
+      }
+      {
+        Buffer dxn = ws(R * D);
+        be().gemm_grad(F, D, R, A.g.template as<S>(), A.xn2.template as<S>(), G(P.wg), s);
+        be().gemm_grad(F, D, R, A.u.template as<S>(), A.xn2.template as<S>(), G(P.wu), s);
+        be().gemm(false, false, R, D, F, A.g.template as<S>(), W(P.wg), dxn.template as<S>(), false);
+        be().gemm(false, false, R, D, F, A.u.template as<S>(), W(P.wu), dxn.template as<S>(), true);
+        A.g.reset();
+        A.u.reset();
+        be().rmsnorm_bwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.rms2.template as<C>(), dxn.template as<S>(), dr,
+                         G(P.mlp_norm));
+      }
+      // Attention: x_mid = x_in + Wo attn(...)
+      {
+        Buffer ot = ws(R * D), dot = ws(R * D), dq = ws(R * D), dk = ws(R * KV), dv = ws(R * KV);
+        be().from_heads(A.o.template as<S>(), ot.template as<S>(), c_.heads, false);
+        be().gemm_grad(D, D, R, dr, ot.template as<S>(), G(P.wo), s);
+        be().gemm(false, false, R, D, D, dr, W(P.wo), ot.template as<S>(), false);  // d(o) rows
+        be().to_heads(ot.template as<S>(), dot.template as<S>(), c_.heads, false);
+        be().attention_bwd(A, dot.template as<S>(), dq.template as<S>(), dk.template as<S>(), dv.template as<S>());
+        A.o.reset();
+        A.attn.reset();
+        // Back to rows, undoing RoPE on dq and dk (reusing ot and dot as row buffers).
+        Buffer dkr = ws(R * KV), dvr = ws(R * KV);
+        be().from_heads(dq.template as<S>(), ot.template as<S>(), c_.heads, true);
+        be().from_heads(dk.template as<S>(), dkr.template as<S>(), c_.kv_heads, true);
+        be().from_heads(dv.template as<S>(), dvr.template as<S>(), c_.kv_heads, false);
+        be().gemm_grad(D, D, R, ot.template as<S>(), A.xn1.template as<S>(), G(P.wq), s);
+        be().gemm_grad(KV, D, R, dkr.template as<S>(), A.xn1.template as<S>(), G(P.wk), s);
+        be().gemm_grad(KV, D, R, dvr.template as<S>(), A.xn1.template as<S>(), G(P.wv), s);
+        be().gemm(false, false, R, D, D, ot.template as<S>(), W(P.wq), dot.template as<S>(), false);
+        be().gemm(false, false, R, D, KV, dkr.template as<S>(), W(P.wk), dot.template as<S>(), true);
+        be().gemm(false, false, R, D, KV, dvr.template as<S>(), W(P.wv), dot.template as<S>(), true);
+        be().rmsnorm_bwd(A.x_in.template as<S>(), W(P.attn_norm), A.rms1.template as<C>(), dot.template as<S>(), dr,
+                         G(P.attn_norm));
+      }
+      a.layer.pop_back();
+    }
+    be().embedding_bwd(ids_.template as<int32_t>(), dres.template as<S>(), G(L_.embed));
+    return loss;
+  }
+
+  // AdamW under the policy, unless the loss scaler skips the step.
+  bool optimizer_step(StepStats& s) {
+    const float inv = scaler_.inv_scale();
+    s.non_finite = be().any_non_finite(grads_.template as<S>(), inv);
+    if (!scaler_.update(s.non_finite)) return false;
+    const int64_t t = adam_t_ + 1;
+    float bc1, bc2;
+    adam_bias_corrections(o_.beta1, o_.beta2, t, bc1, bc2);
+    const float lr = o_.warmup_steps > 0 && t <= o_.warmup_steps
+                         ? o_.lr * static_cast<float>(t) / static_cast<float>(o_.warmup_steps)
+                         : o_.lr;
+    for (const ParamTensor& pt : L_.tensors) be().adamw(pt, lr, pt.decay ? o_.weight_decay : 0.f, bc1, bc2, inv, t);
+    adam_t_ = t;
+    return true;
+  }
+
+  const Config c_;
+  const TrainOptions o_;
+  Device& dev_;
+  const ParamLayout L_;
+  const bool master_;
+  precision::LossScaler scaler_;
+  Buffer weights_, grads_, m_, v_, master_buf_, ids_, targets_;
+  int64_t steps_ = 0, adam_t_ = 0;
+};
+
+}  // namespace memtrade::model

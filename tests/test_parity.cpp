@@ -1,0 +1,169 @@
+// One parity test for every implementation, as ggml's test-backend-ops checks every op of every
+// backend: each technique x implementation x backend x case of its suite's `test` profile runs once and
+// its error against the float64 oracle is judged by the technique's ErrorRule (FlashAttention's rule
+// against the reference on the same case by default; the reference itself within a bound derived from
+// the dtype). A new implementation is covered by being registered. CUDA implementations skip with the
+// reason when there is no device. Also: every counter an implementation reports is declared, and every
+// suite file passes its technique's schema.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "app/techniques.hpp"
+#include "harness/runner.hpp"
+#include "harness/suite.hpp"
+
+using namespace memtrade;
+
+namespace {
+
+struct ParityCase {
+  std::string technique, suite;
+  Case kase;
+  std::string impl;
+  Backend backend;
+};
+
+void PrintTo(const ParityCase& c, std::ostream* os) {
+  *os << c.suite << "/" << c.kase.id << "/" << c.impl << " (" << backend_name(c.backend) << ")";
+}
+
+std::vector<ParityCase> all_cases() {
+  std::vector<ParityCase> out;
+  for (const auto& s : load_all_suites(default_suites_dir())) {
+    const Technique& t = registry().get(s.technique);
+    const Profile* test = nullptr;
+    for (const auto& p : s.profiles)
+      if (p.name == "test") test = &p;
+    if (!test) continue;
+    for (const auto& c : test->cases)
+      for (const auto& i : t.impls) {
+        bool applicable = true;
+        try {
+          applicable = i.not_applicable(c).empty();
+        } catch (const std::exception&) {
+        }
+        if (applicable) out.push_back({t.name, s.name, c, i.name, i.backend});
+      }
+  }
+  return out;
+}
+
+std::string test_name(const testing::TestParamInfo<ParityCase>& info) {
+  std::string n = info.param.suite + "_" + info.param.kase.id + "_" + info.param.impl + "_" +
+                  std::string(backend_name(info.param.backend));
+  for (char& ch : n)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n + "_" + std::to_string(info.index);
+}
+
+const Impl& impl_of(const Technique& t, const std::string& name, Backend be) {
+  for (const auto& i : t.impls)
+    if (i.name == name && i.backend == be) return i;
+  throw Error("no implementation " + name);
+}
+
+// Problems and the reference's error, once per case (the problem is shared as the runner shares it).
+struct Prepared {
+  std::unique_ptr<Problem> problem;
+  std::optional<ErrorStats> reference;  // empty: no CPU reference implementation covers the case
+};
+
+Prepared& prepared(const Technique& t, const Case& c) {
+  static std::map<std::string, Prepared> cache;
+  const std::string key = t.name + "/" + c.suite + "/" + c.id;
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  Prepared p;
+  t.validate(c);
+  p.problem = t.prepare(c);
+  for (const auto& i : t.impls)
+    if (i.role == Role::reference && i.backend == Backend::cpu && i.not_applicable(c).empty()) {
+      auto dev = make_cpu_device();
+      auto w = i.make(c, *p.problem, *dev);
+      w->run();
+      p.reference = w->error();
+      break;
+    }
+  return cache[key] = std::move(p);
+}
+
+bool declared(const Technique& t, const std::string& counter) {
+  if (t.schema.metric(counter)) return true;
+  for (const auto& m : harness_metrics())
+    if (m.matches(counter)) return true;
+  return false;
+}
+
+class Parity : public testing::TestWithParam<ParityCase> {};
+
+}  // namespace
+
+TEST_P(Parity, ErrorAgainstTheFloat64OracleWithinTheTechniquesRule) {
+  const ParityCase& pc = GetParam();
+  const Technique& t = registry().get(pc.technique);
+  const Impl& impl = impl_of(t, pc.impl, pc.backend);
+  std::unique_ptr<Device> dev;
+  try {
+    dev = pc.backend == Backend::cpu ? make_cpu_device() : make_cuda_device();
+  } catch (const Skip& e) {
+    GTEST_SKIP() << e.what();
+  }
+  for (TrackedAllocator* a : {&dev->memory(), &dev->host()}) a->set_guard_bytes(64);
+  Prepared& prep = prepared(t, pc.kase);
+  std::unique_ptr<Workload> w;
+  try {
+    w = impl.make(pc.kase, *prep.problem, *dev);
+  } catch (const Skip& e) {
+    GTEST_SKIP() << e.what();
+  }
+  w->run();
+  dev->synchronize();
+  const ErrorStats e = w->error();
+  Impl judged_as = impl;
+  ErrorStats ref = e;
+  if (impl.role == Role::reference || !prep.reference) {
+    judged_as.role = Role::reference;  // no reference covers this case: the implementation is judged as one
+  } else {
+    ref = *prep.reference;
+  }
+  const Verdict v = judge_error(t, pc.kase, *prep.problem, judged_as, e, ref);
+  RecordProperty("verdict", v.why);  // the margin, in --gtest_output=json
+  EXPECT_TRUE(v.pass) << pc.suite << "/" << pc.kase.id << "/" << pc.impl << " (" << backend_name(pc.backend)
+                      << "): " << v.why;
+
+  std::map<std::string, double> counters;
+  w->add_counters(counters);
+  for (const auto& [k, v] : counters)
+    EXPECT_TRUE(declared(t, k)) << "counter '" << k << "' of " << pc.impl << " is not declared in technique "
+                                << t.name << "'s schema";
+  w.reset();
+  EXPECT_EQ(dev->memory().total().live, 0u) << "the workload did not free what it allocated";
+  for (TrackedAllocator* a : {&dev->memory(), &dev->host()})
+    for (const auto& v : a->guard_violations()) ADD_FAILURE() << v;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryImplementation, Parity, testing::ValuesIn(all_cases()), test_name);
+
+TEST(Parity, EveryRegisteredCpuImplementationIsCovered) {
+  const auto cases = all_cases();
+  for (const auto& t : registry().all())
+    for (const auto& i : t.impls) {
+      bool found = false;
+      for (const auto& c : cases) found = found || (c.technique == t.name && c.impl == i.name && c.backend == i.backend);
+      EXPECT_TRUE(found) << t.name << "/" << i.name << " (" << backend_name(i.backend)
+                         << ") runs on no case of its suite's test profile";
+    }
+}
+
+TEST(Parity, EverySuiteFilePassesItsTechniquesSchema) {
+  for (const auto& s : load_all_suites(default_suites_dir())) {
+    try {
+      check_suite(registry(), s);
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+}
