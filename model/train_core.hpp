@@ -25,6 +25,8 @@
 // and owns its workspace. The core allocates everything else with the tags train.hpp lists.
 #pragma once
 
+#include <type_traits>
+
 #include <algorithm>
 #include <vector>
 
@@ -74,8 +76,13 @@ class TrainerCore : public Trainer {
   std::vector<double> gradients(const data::Batch& b) override {
     zero_grads();
     forward_backward(b, C(1) / static_cast<C>(rows()), nullptr);
-    const auto g = be().widen(grads_.template as<S>(), L_.total);
-    return {g.begin(), g.end()};
+    if constexpr (std::is_same_v<S, double>) {  // the float64 reference: every bit of its gradient
+      const double* g = grads_.template as<double>();
+      return {g, g + L_.total};
+    } else {
+      const auto g = be().widen(grads_.template as<S>(), L_.total);
+      return {g.begin(), g.end()};
+    }
   }
 
   std::vector<float> params() const override {

@@ -69,6 +69,23 @@ TEST(ModelConfig, JsonRoundTripAndLayout) {
   EXPECT_EQ(L.head + 256 * 32, L.total);
 }
 
+// The float64 step's gradient keeps float64 precision (it is the oracle of the precision suite's
+// gradient error): its values are not fp32 values widened to double.
+TEST(ModelGradient, Float64GradientIsNotRoundedToFp32) {
+  auto dev = make_cpu_device();
+  const Config c = tiny();
+  TrainOptions o = options(Policy::fp32, 2, 12);
+  o.float64 = true;
+  const auto grad = make_trainer_cpu(c, o, *dev, test_params(c, 7))->gradients(random_batch(2, 12, 3));
+  int64_t beyond_fp32 = 0, nonzero = 0;
+  for (double g : grad) {
+    nonzero += g != 0;
+    beyond_fp32 += static_cast<double>(static_cast<float>(g)) != g;
+  }
+  ASSERT_GT(nonzero, 0);
+  EXPECT_GT(beyond_fp32, nonzero / 2) << beyond_fp32 << " of " << nonzero << " nonzero gradients carry bits fp32 lacks";
+}
+
 // The float64 training step's gradient of the whole model against central finite differences of
 // its loss, at parameters in every tensor (first, last and a random interior element).
 TEST(ModelGradient, Float64BackwardMatchesFiniteDifferences) {
