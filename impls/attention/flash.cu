@@ -242,6 +242,40 @@ __global__ void flash_delta(const T* __restrict__ o, const T* __restrict__ dout,
 }
 
 // ---------------------------------------------------------------------------------------------------
+// The S and dP tiles both backward kernels recompute, from shared-memory tiles of row stride kLd: for
+// a-rows ta + 16 i and b-rows tb + 16 j, s[i][j] = a1_row . b1_row and dp[i][j] = a2_row . b2_row over
+// d columns ({a1, a2, b1, b2} = {K, V, Q, dO} in dK/dV, {Q, dO, K, V} in dQ; the products commute, so
+// both orders give the same bits).
+template <int kA, int kB, int kLd>
+__device__ __forceinline__ void score_and_dp_dots(const float* a1, const float* a2, const float* b1, const float* b2,
+                                                  int ta, int tb, int64_t d, float (&s)[kA][kB], float (&dp)[kA][kB]) {
+#pragma unroll
+  for (int i = 0; i < kA; ++i)
+#pragma unroll
+    for (int j = 0; j < kB; ++j) s[i][j] = dp[i][j] = 0.f;
+  for (int kk = 0; kk < d; ++kk) {
+    float x1[kA], x2[kA], y1[kB], y2[kB];
+#pragma unroll
+    for (int i = 0; i < kA; ++i) {
+      x1[i] = a1[(ta + kGrid * i) * kLd + kk];
+      x2[i] = a2[(ta + kGrid * i) * kLd + kk];
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      y1[j] = b1[(tb + kGrid * j) * kLd + kk];
+      y2[j] = b2[(tb + kGrid * j) * kLd + kk];
+    }
+#pragma unroll
+    for (int i = 0; i < kA; ++i)
+#pragma unroll
+      for (int j = 0; j < kB; ++j) {
+        s[i][j] = fmaf(x1[i], y1[j], s[i][j]);
+        dp[i][j] = fmaf(x2[i], y2[j], dp[i][j]);
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
 // dK, dV. grid (ceil(n_kv / kBc), b * h_kv), kThreads threads, dkv_smem_floats * 4 bytes of dynamic smem.
 template <class T, int kD, int kBc, int kBr>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
@@ -299,30 +333,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
       // For keys ty + 16 i and query rows tx + 16 j: s = scale q.k, dp = dO.v.
       float sdot[kCi][kRj], pdot[kCi][kRj];
-#pragma unroll
-      for (int i = 0; i < kCi; ++i)
-#pragma unroll
-        for (int j = 0; j < kRj; ++j) sdot[i][j] = pdot[i][j] = 0.f;
-      for (int kk = 0; kk < p.d; ++kk) {
-        float kr[kCi], vr[kCi], qr[kRj], dr[kRj];
-#pragma unroll
-        for (int i = 0; i < kCi; ++i) {
-          kr[i] = ks[(ty + kGrid * i) * kLd + kk];
-          vr[i] = vs[(ty + kGrid * i) * kLd + kk];
-        }
-#pragma unroll
-        for (int j = 0; j < kRj; ++j) {
-          qr[j] = qs[(tx + kGrid * j) * kLd + kk];
-          dr[j] = dos[(tx + kGrid * j) * kLd + kk];
-        }
-#pragma unroll
-        for (int i = 0; i < kCi; ++i)
-#pragma unroll
-          for (int j = 0; j < kRj; ++j) {
-            sdot[i][j] = fmaf(qr[j], kr[i], sdot[i][j]);
-            pdot[i][j] = fmaf(dr[j], vr[i], pdot[i][j]);
-          }
-      }
+      score_and_dp_dots<kCi, kRj, kLd>(ks, vs, qs, dos, ty, tx, p.d, sdot, pdot);
 #pragma unroll
       for (int i = 0; i < kCi; ++i)
 #pragma unroll
@@ -428,30 +439,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
     // For rows ty + 16 i and keys tx + 16 j: s = scale q.k, dp = dO.v, ds.
     float sdot[kRi][kCj], pdot[kRi][kCj];
-#pragma unroll
-    for (int i = 0; i < kRi; ++i)
-#pragma unroll
-      for (int j = 0; j < kCj; ++j) sdot[i][j] = pdot[i][j] = 0.f;
-    for (int kk = 0; kk < p.d; ++kk) {
-      float qr[kRi], dr[kRi], kr[kCj], vr[kCj];
-#pragma unroll
-      for (int i = 0; i < kRi; ++i) {
-        qr[i] = qs[(ty + kGrid * i) * kLd + kk];
-        dr[i] = dos[(ty + kGrid * i) * kLd + kk];
-      }
-#pragma unroll
-      for (int j = 0; j < kCj; ++j) {
-        kr[j] = ks[(tx + kGrid * j) * kLd + kk];
-        vr[j] = vs[(tx + kGrid * j) * kLd + kk];
-      }
-#pragma unroll
-      for (int i = 0; i < kRi; ++i)
-#pragma unroll
-        for (int j = 0; j < kCj; ++j) {
-          sdot[i][j] = fmaf(qr[i], kr[j], sdot[i][j]);
-          pdot[i][j] = fmaf(dr[i], vr[j], pdot[i][j]);
-        }
-    }
+    score_and_dp_dots<kRi, kCj, kLd>(qs, dos, ks, vs, ty, tx, p.d, sdot, pdot);
 #pragma unroll
     for (int i = 0; i < kRi; ++i)
 #pragma unroll

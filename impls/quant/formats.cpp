@@ -11,9 +11,8 @@ namespace memtrade::quant {
 
 namespace {
 
-bool is_4bit(Format f) { return f == Format::int4 || f == Format::int4_asym || f == Format::nf4; }
-bool is_fp8(Format f) { return f == Format::fp8_e4m3 || f == Format::fp8_e5m2; }
-bool has_f16_scale(Format f) { return f == Format::int8 || f == Format::int4 || f == Format::int4_asym; }
+bool has_f16_scale(Format f) { return traits(f).scale == ScaleType::f16; }
+bool per_tensor(const Spec& s) { return traits(s.format).per_tensor_option && !s.per_channel; }
 
 // The smallest fp16 value >= v (v >= 0 finite). Error when that is beyond fp16's range.
 float round_up_f16(float v, const char* what) {
@@ -47,20 +46,10 @@ std::string finite_error(const char* where, float v, int64_t r, int64_t c) {
 
 }  // namespace
 
-const char* format_name(Format f) {
-  switch (f) {
-    case Format::int8: return "int8";
-    case Format::int4: return "int4";
-    case Format::int4_asym: return "int4-asym";
-    case Format::fp8_e4m3: return "fp8-e4m3";
-    case Format::fp8_e5m2: return "fp8-e5m2";
-    case Format::nf4: return "nf4";
-  }
-  return "?";
-}
+const char* format_name(Format f) { return traits(f).name; }
 
 int64_t group_size(const Spec& s, int64_t cols) {
-  if (s.format == Format::int8 || is_fp8(s.format)) return cols;
+  if (!traits(s.format).grouped) return cols;
   if (s.group <= 0) throw Error("quant: group size must be > 0, got " + std::to_string(s.group));
   return std::min(s.group, cols);
 }
@@ -76,25 +65,19 @@ GroupParams fit_group(const Spec& s, const float* w, int64_t n) {
     mx = std::max(mx, v);
   }
   const float amax = std::max(std::fabs(mn), std::fabs(mx));  // +0 for an all-zero group (never -0)
+  const FormatTraits& t = traits(s.format);
+  const std::string what = std::string("fit_group ") + t.name;
   GroupParams p;
-  switch (s.format) {
-    case Format::int8:
-      p.scale = amax > 0.f ? round_up_f16(amax / 127.f, "fit_group int8") : 0.f;
-      break;
-    case Format::int4:
-      p.scale = amax > 0.f ? round_up_f16(amax / 7.5f, "fit_group int4") : 0.f;  // 2 amax / 15
-      p.zero = 8.f;
-      break;
-    case Format::int4_asym:
-      if (mx > mn) {
-        p.scale = round_up_f16((mx - mn) / 15.f, "fit_group int4-asym");
-        p.zero = std::clamp(std::rint(-mn / p.scale), 0.f, 15.f);
-      }
-      break;
-    case Format::fp8_e4m3: p.scale = amax / fp8_e4m3_max; break;
-    case Format::fp8_e5m2: p.scale = amax / fp8_e5m2_max; break;
-    case Format::nf4: p.scale = amax; break;
+  if (t.zero == ZeroPoint::packed4) {  // asymmetric: the grid spans [min, max]
+    if (mx > mn) {
+      p.scale = round_up_f16((mx - mn) / t.qmax, what.c_str());
+      p.zero = std::clamp(std::rint(-mn / p.scale), 0.f, 15.f);
+    }
+    return p;
   }
+  if (t.scale == ScaleType::f16) p.scale = amax > 0.f ? round_up_f16(amax / t.qmax, what.c_str()) : 0.f;
+  else p.scale = t.qmax == 1.f ? amax : amax / t.qmax;
+  if (t.zero == ZeroPoint::fixed8) p.zero = 8.f;
   return p;
 }
 
@@ -155,7 +138,7 @@ Spec parse_spec(std::string_view name) {
     if (take("tensor")) s.per_channel = false;
   } else if (head == "nf4") {
     s.format = Format::nf4;
-    s.group = nf4_default_group;
+    s.group = traits(Format::nf4).default_group;
     s.double_quant = take("dq");
     take_group();
   } else {
@@ -168,14 +151,14 @@ Spec parse_spec(std::string_view name) {
 std::string spec_name(const Spec& s) {
   std::string n = format_name(s.format);
   if (s.format == Format::nf4 && s.double_quant) n += "-dq";
-  if (is_4bit(s.format)) n += "-g" + std::to_string(s.group);
-  if (is_fp8(s.format) && !s.per_channel) n += "-tensor";
+  if (traits(s.format).grouped) n += "-g" + std::to_string(s.group);
+  if (per_tensor(s)) n += "-tensor";
   return n;
 }
 
 // ------------------------------------------------------------------------------------- layout
 
-int64_t QLayout::num_params() const { return is_fp8(spec.format) && !spec.per_channel ? 1 : rows * groups_per_row; }
+int64_t QLayout::num_params() const { return per_tensor(spec) ? 1 : rows * groups_per_row; }
 
 QLayout layout(const Spec& s, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0)
@@ -187,8 +170,9 @@ QLayout layout(const Spec& s, int64_t rows, int64_t cols) {
   L.cols = cols;
   L.group = group_size(s, cols);
   L.groups_per_row = (cols + L.group - 1) / L.group;
-  L.row_bytes = is_4bit(s.format) ? (cols + 1) / 2 : cols;
-  L.zero_row_bytes = s.format == Format::int4_asym ? (L.groups_per_row + 1) / 2 : 0;
+  const FormatTraits& t = traits(s.format);
+  L.row_bytes = t.code_bits == 4 ? (cols + 1) / 2 : cols;
+  L.zero_row_bytes = t.zero == ZeroPoint::packed4 ? (L.groups_per_row + 1) / 2 : 0;
 
   const auto R = static_cast<std::size_t>(rows);
   const auto ngroups = R * static_cast<std::size_t>(L.groups_per_row);
@@ -205,25 +189,15 @@ QLayout layout(const Spec& s, int64_t rows, int64_t cols) {
     return sec;
   };
   L.codes = add(R * static_cast<std::size_t>(L.row_bytes));
-  switch (s.format) {
-    case Format::int8: L.scales = add(R * sizeof(f16_t)); break;
-    case Format::int4: L.scales = add(ngroups * sizeof(f16_t)); break;
-    case Format::int4_asym:
-      L.scales = add(ngroups * sizeof(f16_t));
-      L.zeros = add(R * static_cast<std::size_t>(L.zero_row_bytes));
-      break;
-    case Format::fp8_e4m3:
-    case Format::fp8_e5m2: L.scales = add((s.per_channel ? R : 1) * sizeof(float)); break;
-    case Format::nf4:
-      if (s.double_quant) {
-        L.scales = add(ngroups * sizeof(int8_t));
-        L.dq_scales = add((ngroups + nf4_dq_block - 1) / nf4_dq_block * sizeof(float));
-        L.dq_mean = add(sizeof(float));
-      } else {
-        L.scales = add(ngroups * sizeof(float));
-      }
-      break;
+  const std::size_t nscales = per_tensor(s) ? 1 : t.grouped ? ngroups : R;
+  if (s.double_quant) {  // nf4: int8 absmax codes, an fp32 scale per block of them, one fp32 mean
+    L.scales = add(nscales * sizeof(int8_t));
+    L.dq_scales = add((nscales + nf4_dq_block - 1) / nf4_dq_block * sizeof(float));
+    L.dq_mean = add(sizeof(float));
+  } else {
+    L.scales = add(nscales * (t.scale == ScaleType::f16 ? sizeof(f16_t) : sizeof(float)));
   }
+  if (t.zero == ZeroPoint::packed4) L.zeros = add(R * static_cast<std::size_t>(L.zero_row_bytes));
   L.total = end;
   return L;
 }
@@ -243,8 +217,8 @@ void check_params(const QLayout& L, const GroupParams* params) {
     if (!std::isfinite(p.scale) || p.scale < 0.f) throw Error(where + ": scale must be finite and >= 0");
     if (has_f16_scale(f) && to_float(to_f16(p.scale)) != p.scale)
       throw Error(where + ": scale " + std::to_string(p.scale) + " is not an fp16 value (round it to storage precision)");
-    const float want_zero = f == Format::int4 ? 8.f : 0.f;
-    if (f == Format::int4_asym) {
+    const float want_zero = traits(f).zero == ZeroPoint::fixed8 ? 8.f : 0.f;
+    if (traits(f).zero == ZeroPoint::packed4) {
       if (!(p.zero >= 0.f && p.zero <= 15.f && std::rint(p.zero) == p.zero))
         throw Error(where + ": int4-asym zero point must be an integer in [0, 15]");
     } else if (p.zero != want_zero) {
@@ -272,7 +246,7 @@ void quantize(const QLayout& L, const float* W, uint8_t* blob, const GroupParams
       std::fill(P.begin(), P.end(), params[0]);
     else
       std::copy(params, params + N * ng, P.begin());
-  } else if (is_fp8(f) && !L.spec.per_channel) {
+  } else if (per_tensor(L.spec)) {
     std::fill(P.begin(), P.end(), fit_group(L.spec, W, N * K));
   } else {
     for (int64_t r = 0; r < N; ++r)
@@ -305,27 +279,18 @@ void quantize(const QLayout& L, const float* W, uint8_t* blob, const GroupParams
       }
     }
   } else {
+    const FormatTraits& t = traits(f);
     for (int64_t r = 0; r < N; ++r)
       for (int64_t g = 0; g < ng; ++g) {
         const GroupParams& p = P[r * ng + g];
-        const int64_t i = r * ng + g;
-        switch (f) {
-          case Format::int8:
-            if (g == 0) store<f16_t>(blob, L.scales, r, to_f16(p.scale));
-            break;
-          case Format::int4: store<f16_t>(blob, L.scales, i, to_f16(p.scale)); break;
-          case Format::int4_asym: {
-            store<f16_t>(blob, L.scales, i, to_f16(p.scale));
-            uint8_t* z = blob + L.zeros.offset + r * L.zero_row_bytes + (g >> 1);
-            *z = static_cast<uint8_t>(*z | (static_cast<uint8_t>(p.zero) << (4 * (g & 1))));
-            break;
-          }
-          case Format::fp8_e4m3:
-          case Format::fp8_e5m2:
-            if (L.spec.per_channel ? g == 0 : i == 0)
-              store<float>(blob, L.scales, L.spec.per_channel ? r : 0, p.scale);
-            break;
-          case Format::nf4: store<float>(blob, L.scales, i, p.scale); break;
+        // The scale's slot: per group, per row (the row's first group), or per tensor (the first group).
+        const int64_t slot = t.grouped ? r * ng + g : per_tensor(L.spec) ? 0 : r;
+        if (!t.grouped && (g != 0 || (per_tensor(L.spec) && r != 0))) continue;
+        if (t.scale == ScaleType::f16) store<f16_t>(blob, L.scales, slot, to_f16(p.scale));
+        else store<float>(blob, L.scales, slot, p.scale);
+        if (t.zero == ZeroPoint::packed4) {
+          uint8_t* z = blob + L.zeros.offset + r * L.zero_row_bytes + (g >> 1);
+          *z = static_cast<uint8_t>(*z | (static_cast<uint8_t>(p.zero) << (4 * (g & 1))));
         }
       }
   }
@@ -342,13 +307,13 @@ void quantize(const QLayout& L, const float* W, uint8_t* blob, const GroupParams
       const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
       for (int64_t k = k0; k < k1; ++k) {
         const uint8_t q = encode_value(f, w[k], p.scale, p.zero);
-        if (is_4bit(f))
+        if (four_bit(f))
           row[k >> 1] = static_cast<uint8_t>(row[k >> 1] | (q << (4 * (k & 1))));
         else
           row[k] = q;
       }
     }
-    if (is_4bit(f) && (K & 1)) {  // pad nibble: the code of zero in the last group
+    if (four_bit(f) && (K & 1)) {  // pad nibble: the code of zero in the last group
       const GroupParams& p = P[r * ng + ng - 1];
       row[K >> 1] = static_cast<uint8_t>(row[K >> 1] | (encode_value(f, 0.f, p.scale, p.zero) << 4));
     }
@@ -367,7 +332,7 @@ void dequantize(const QLayout& L, const uint8_t* blob, float* W) {
       const GroupParams p = stored_params(L, blob, r, g);
       const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
       for (int64_t k = k0; k < k1; ++k)
-        W[r * K + k] = decode_value(f, is_4bit(f) ? nibble(row, k) : row[k], p.scale, p.zero);
+        W[r * K + k] = decode_value(f, four_bit(f) ? nibble(row, k) : row[k], p.scale, p.zero);
     }
   }
 }

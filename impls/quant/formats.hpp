@@ -52,6 +52,36 @@ namespace memtrade::quant {
 
 enum class Format { int8, int4, int4_asym, fp8_e4m3, fp8_e5m2, nf4 };
 
+// What a format is, as data: one row per format. The layout, the RTN fit, the parameter checks and the
+// names read this table; only the element codec (encode_value / decode_value) and the kernels'
+// vectorized decoders are written per format.
+enum class ScaleType : uint8_t { f16, f32 };
+enum class ZeroPoint : uint8_t {
+  none,     // codes are signed or symmetric: w = scale * decode(q)
+  fixed8,   // 4-bit codes 0..15 centred on 8: w = scale * (q - 8)
+  packed4,  // a 4-bit integer zero point per group, packed two per byte: w = scale * (q - z)
+};
+struct FormatTraits {
+  const char* name;
+  int code_bits;          // 8 or 4 (two codes per byte, element 2i in the low nibble)
+  bool grouped;           // one scale per (row, group of `default_group` along K); else one per row
+  int64_t default_group;  // grouped formats
+  ScaleType scale;        // storage of a scale (fp16 scales are rounded up so amax stays in range)
+  ZeroPoint zero;
+  float qmax;             // RTN: scale = amax / qmax (int4-asym: (max - min) / qmax)
+  bool per_tensor_option; // "-tensor": one scale for the whole matrix
+};
+inline constexpr FormatTraits kFormatTraits[] = {
+    /* int8      */ {"int8", 8, false, 0, ScaleType::f16, ZeroPoint::none, 127.f, false},
+    /* int4      */ {"int4", 4, true, 128, ScaleType::f16, ZeroPoint::fixed8, 7.5f, false},  // 2 amax / 15
+    /* int4_asym */ {"int4-asym", 4, true, 128, ScaleType::f16, ZeroPoint::packed4, 15.f, false},
+    /* fp8_e4m3  */ {"fp8-e4m3", 8, false, 0, ScaleType::f32, ZeroPoint::none, 448.f, true},
+    /* fp8_e5m2  */ {"fp8-e5m2", 8, false, 0, ScaleType::f32, ZeroPoint::none, 57344.f, true},
+    /* nf4       */ {"nf4", 4, true, 64, ScaleType::f32, ZeroPoint::none, 1.f, false},  // scale = absmax
+};
+MT_HD constexpr const FormatTraits& traits(Format f) { return kFormatTraits[static_cast<int>(f)]; }
+MT_HD constexpr bool four_bit(Format f) { return traits(f).code_bits == 4; }
+
 struct Spec {
   Format format = Format::int8;
   int64_t group = 128;        // int4 / int4_asym / nf4 group size along K; int8 and fp8 ignore it
@@ -69,8 +99,8 @@ struct GroupParams {
 inline constexpr int64_t nf4_default_group = 64;
 inline constexpr int64_t nf4_dq_block = 256;
 
-inline constexpr float fp8_e4m3_max = 448.f;
-inline constexpr float fp8_e5m2_max = 57344.f;
+inline constexpr float fp8_e4m3_max = kFormatTraits[static_cast<int>(Format::fp8_e4m3)].qmax;
+inline constexpr float fp8_e5m2_max = kFormatTraits[static_cast<int>(Format::fp8_e5m2)].qmax;
 
 // ---------------------------------------------------------------------------------------------
 // Element codecs (host and device; pure arithmetic and bit manipulation, identical everywhere).

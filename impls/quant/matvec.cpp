@@ -25,7 +25,6 @@ namespace memtrade::quant {
 
 namespace {
 
-constexpr bool four_bit(Format f) { return f == Format::int4 || f == Format::int4_asym || f == Format::nf4; }
 template <Format F>
 constexpr bool four_bit_v = four_bit(F);
 

@@ -18,7 +18,7 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 template <Format F>
-constexpr bool kFourBit = F == Format::int4 || F == Format::int4_asym || F == Format::nf4;
+constexpr bool kFourBit = four_bit(F);
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
