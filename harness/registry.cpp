@@ -1,6 +1,8 @@
 #include "harness/registry.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "common/dtype.hpp"
 
@@ -75,9 +77,27 @@ void check_case(const Technique& t, const Case& c, const std::string& where) {
   t.schema.check(c.params, where + ", case " + c.id);
 }
 
+std::vector<Impl>& registered_impls() {
+  static std::vector<Impl> impls;
+  return impls;
+}
+
 void Registry::add(Technique t) {
   for (const auto& x : techniques_)
     if (x.name == t.name) throw Error("technique '" + t.name + "' registered twice");
+  std::vector<Impl> impls;
+  for (const auto& i : registered_impls())
+    if (i.technique == t.name) impls.push_back(i);
+  impls.insert(impls.end(), t.impls.begin(), t.impls.end());
+  t.impls = std::move(impls);
+  std::stable_sort(t.impls.begin(), t.impls.end(), [](const Impl& a, const Impl& b) {
+    return std::pair(a.backend, a.role) < std::pair(b.backend, b.role);
+  });
+  for (std::size_t i = 0; i < t.impls.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (t.impls[i].name == t.impls[j].name && t.impls[i].backend == t.impls[j].backend)
+        throw Error("technique '" + t.name + "': implementation '" + t.impls[i].name + "' (" +
+                    std::string(backend_name(t.impls[i].backend)) + ") registered twice");
   techniques_.push_back(std::move(t));
 }
 

@@ -137,6 +137,23 @@ struct Technique {
   std::function<std::string(Device&)> tune;
 };
 
+// Self-registration: an implementation file registers itself, so adding an implementation is adding
+// its file (a .cu file is compiled, and so listed, only with the CUDA backend):
+//   MEMTRADE_IMPLEMENTATION(typed_impl<MyProblem>("attention", "flash", Role::optimized, Backend::cpu,
+//                                                 "what it is", make_flash_cpu))
+// Registry::add puts a technique's registered implementations before those its register.cpp lists, and
+// orders them by backend (cpu first), then role (reference first), then as linked or listed.
+std::vector<Impl>& registered_impls();
+struct ImplRegistrar {
+  explicit ImplRegistrar(Impl i) { registered_impls().push_back(std::move(i)); }
+};
+#define MT_CONCAT_(a, b) a##b
+#define MT_CONCAT(a, b) MT_CONCAT_(a, b)
+#define MEMTRADE_IMPLEMENTATION(...)                                                          \
+  namespace {                                                                                 \
+  const ::memtrade::ImplRegistrar MT_CONCAT(memtrade_impl_registrar_, __LINE__){__VA_ARGS__}; \
+  }
+
 // The judgement of ErrorRule for one implementation's error `err`, given the reference's `ref` on the
 // same case (for the reference itself, err and ref are the same).
 Verdict judge_error(const Technique& t, const Case& c, const Problem& p, const Impl& impl, const ErrorStats& err,
@@ -181,20 +198,9 @@ Impl typed_impl(std::string technique, std::string name, Role role, Backend back
   return i;
 }
 
-// A CUDA implementation's factory, named only when the CUDA backend is built: without it the
-// implementation stays listed and its cases record "skipped" with the reason (no stub needed).
-#ifdef MEMTRADE_WITH_CUDA
-#define MT_CUDA_FACTORY(f) (f)
-#else
-#define MT_CUDA_FACTORY(f) (nullptr)
-#endif
-
 template <class P>
 Impl typed_impl(std::string technique, std::string name, Role role, Backend backend, std::string description,
                 std::unique_ptr<Workload> (*factory)(const P&, Device&)) {
-  if (!factory)
-    return typed_impl<P>(std::move(technique), std::move(name), role, backend, std::move(description),
-                         [](const P&, Device&) -> std::unique_ptr<Workload> { throw Skip(cuda_status().reason); });
   return typed_impl<P, decltype(factory)>(std::move(technique), std::move(name), role, backend, std::move(description),
                                           factory);
 }

@@ -101,8 +101,6 @@ void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int6
 
 std::unique_ptr<Workload> make_naive_cpu(const AttnProblem& p, Device& dev);
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev);
-std::unique_ptr<Workload> make_naive_cuda(const AttnProblem& p, Device& dev);
-std::unique_ptr<Workload> make_flash_cuda(const AttnProblem& p, Device& dev);
 
 void register_technique(Registry& r);
 

@@ -466,4 +466,7 @@ void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int6
 
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev) { return std::make_unique<FlashCpu>(p, dev); }
 
+MEMTRADE_IMPLEMENTATION(typed_impl("attention", "flash", Role::optimized, Backend::cpu,
+                                   "tiled online softmax, O(N) memory, OpenMP", make_flash_cpu))
+
 }  // namespace memtrade::attention

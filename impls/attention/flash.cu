@@ -573,8 +573,10 @@ class FlashCuda final : public AttnWorkload {
 
 }  // namespace
 
-std::unique_ptr<Workload> make_flash_cuda(const AttnProblem& p, Device& dev) {
-  return std::make_unique<FlashCuda>(p, dev);
-}
+MEMTRADE_IMPLEMENTATION(typed_impl<AttnProblem>("attention", "flash", Role::optimized, Backend::cuda,
+                                                "fused tiled forward and backward kernels",
+                                                [](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> {
+                                                  return std::make_unique<FlashCuda>(p, dev);
+                                                }))
 
 }  // namespace memtrade::attention

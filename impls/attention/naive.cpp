@@ -115,4 +115,7 @@ class NaiveCpu final : public AttnWorkload {
 
 std::unique_ptr<Workload> make_naive_cpu(const AttnProblem& p, Device& dev) { return std::make_unique<NaiveCpu>(p, dev); }
 
+MEMTRADE_IMPLEMENTATION(typed_impl("attention", "naive", Role::reference, Backend::cpu, "materialized P, OpenBLAS GEMMs",
+                                   make_naive_cpu))
+
 }  // namespace memtrade::attention

@@ -177,8 +177,10 @@ class NaiveCuda final : public AttnWorkload {
 
 }  // namespace
 
-std::unique_ptr<Workload> make_naive_cuda(const AttnProblem& p, Device& dev) {
-  return std::make_unique<NaiveCuda>(p, dev);
-}
+MEMTRADE_IMPLEMENTATION(typed_impl<AttnProblem>("attention", "naive", Role::reference, Backend::cuda,
+                                                "materialized P, cuBLAS GEMMs + softmax kernel",
+                                                [](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> {
+                                                  return std::make_unique<NaiveCuda>(p, dev);
+                                                }))
 
 }  // namespace memtrade::attention

@@ -188,16 +188,10 @@ void register_technique(Registry& r) {
       {"choice_flash", "1", Better::none, Gate::report, 0, 0, "auto: 1 when it ran flash"},
   };
   t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return prepare(c); };
-  auto impl = [&](const char* name, Role role, Backend be, const char* desc,
-                  std::unique_ptr<Workload> (*f)(const AttnProblem&, Device&)) {
-    t.impls.push_back(typed_impl(t.name, name, role, be, desc, f));
-  };
-  impl("naive", Role::reference, Backend::cpu, "materialized P, OpenBLAS GEMMs", make_naive_cpu);
-  impl("flash", Role::optimized, Backend::cpu, "tiled online softmax, O(N) memory, OpenMP", make_flash_cpu);
-  impl("auto", Role::optimized, Backend::cpu, "naive below the measured crossover length, else flash",
-       +[](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> { return std::make_unique<AutoCpu>(p, dev); });
-  impl("naive", Role::reference, Backend::cuda, "materialized P, cuBLAS GEMMs + softmax kernel", MT_CUDA_FACTORY(make_naive_cuda));
-  impl("flash", Role::optimized, Backend::cuda, "fused tiled forward and backward kernels", MT_CUDA_FACTORY(make_flash_cuda));
+  // naive and flash register themselves (naive.cpp, flash.cpp, naive.cu, flash.cu); auto is defined here.
+  t.impls.push_back(typed_impl<AttnProblem>(
+      t.name, "auto", Role::optimized, Backend::cpu, "naive below the measured crossover length, else flash",
+      [](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> { return std::make_unique<AutoCpu>(p, dev); }));
   t.tune = [](Device& dev) {
     if (dev.backend() != Backend::cpu) return std::string("attention: the auto dispatcher is CPU-only for now");
     return "attention: flash is at least as fast as naive from n = " + std::to_string(crossover(dev, true)) +

@@ -18,6 +18,9 @@ class CublasGemm final : public GemmWorkload {
 };
 }  // namespace
 
-std::unique_ptr<Workload> make_cublas_cuda(const GemmProblem& p, Device& dev) { return std::make_unique<CublasGemm>(p, dev); }
+MEMTRADE_IMPLEMENTATION(typed_impl<GemmProblem>("gemm", "cublas", Role::vendor, Backend::cuda, "cublasGemmEx, fp32 compute",
+                                                [](const GemmProblem& p, Device& dev) -> std::unique_ptr<Workload> {
+                                                  return std::make_unique<CublasGemm>(p, dev);
+                                                }))
 
 }  // namespace memtrade::gemm

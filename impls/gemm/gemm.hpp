@@ -57,11 +57,8 @@ class GemmWorkload : public Workload {
   Tensor a_, b_, c_;
 };
 
-// Implementation factories (one per file).
-std::unique_ptr<Workload> make_reference_cpu(const GemmProblem& p, Device& dev);
-std::unique_ptr<Workload> make_openblas_cpu(const GemmProblem& p, Device& dev);
-std::unique_ptr<Workload> make_tiled_cuda(const GemmProblem& p, Device& dev);
-std::unique_ptr<Workload> make_cublas_cuda(const GemmProblem& p, Device& dev);
+// An implementation that takes fp32 inputs only (the CPU ones).
+Impl fp32_only(Impl i);
 
 void register_technique(Registry& r);
 

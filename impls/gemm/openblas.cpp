@@ -15,6 +15,9 @@ class OpenBlas final : public GemmWorkload {
 };
 }  // namespace
 
-std::unique_ptr<Workload> make_openblas_cpu(const GemmProblem& p, Device& dev) { return std::make_unique<OpenBlas>(p, dev); }
+MEMTRADE_IMPLEMENTATION(fp32_only(typed_impl<GemmProblem>("gemm", "openblas", Role::vendor, Backend::cpu, "OpenBLAS sgemm",
+                                                          [](const GemmProblem& p, Device& dev) -> std::unique_ptr<Workload> {
+                                                            return std::make_unique<OpenBlas>(p, dev);
+                                                          })))
 
 }  // namespace memtrade::gemm

@@ -22,6 +22,10 @@ class Reference final : public GemmWorkload {
 };
 }  // namespace
 
-std::unique_ptr<Workload> make_reference_cpu(const GemmProblem& p, Device& dev) { return std::make_unique<Reference>(p, dev); }
+MEMTRADE_IMPLEMENTATION(fp32_only(typed_impl<GemmProblem>("gemm", "reference", Role::reference, Backend::cpu,
+                                                          "plain loops, float64 accumulation",
+                                                          [](const GemmProblem& p, Device& dev) -> std::unique_ptr<Workload> {
+                                                            return std::make_unique<Reference>(p, dev);
+                                                          })))
 
 }  // namespace memtrade::gemm

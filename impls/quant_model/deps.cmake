@@ -1,1 +1,1 @@
-set(deps memtrade_quant memtrade_model)
+set(deps memtrade_model)

@@ -29,9 +29,9 @@ __global__ void gemm_tiled(const T* __restrict__ a, const T* __restrict__ b, T* 
   if (row < m && col < n) c[row * n + col] = from_f32<T>(acc);
 }
 
-class CudaNaive final : public GemmWorkload {
+class Tiled final : public GemmWorkload {
  public:
-  CudaNaive(const GemmProblem& p, Device& dev) : GemmWorkload(p, dev), cuda_(as_cuda(dev)) {}
+  Tiled(const GemmProblem& p, Device& dev) : GemmWorkload(p, dev), cuda_(as_cuda(dev)) {}
   void run() override {
     const auto [m, n, k] = p_.s;
     const dim3 block(kTile, kTile);
@@ -52,6 +52,10 @@ class CudaNaive final : public GemmWorkload {
 
 }  // namespace
 
-std::unique_ptr<Workload> make_tiled_cuda(const GemmProblem& p, Device& dev) { return std::make_unique<CudaNaive>(p, dev); }
+MEMTRADE_IMPLEMENTATION(typed_impl<GemmProblem>("gemm", "tiled", Role::reference, Backend::cuda,
+                                                "shared-memory tiled kernel, fp32 accumulation",
+                                                [](const GemmProblem& p, Device& dev) -> std::unique_ptr<Workload> {
+                                                  return std::make_unique<Tiled>(p, dev);
+                                                }))
 
 }  // namespace memtrade::gemm
