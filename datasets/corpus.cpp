@@ -12,7 +12,7 @@
 
 #include "datasets/random.hpp"
 
-namespace memtrade::data {
+namespace memtrade::datasets {
 
 // ---------------------------------------------------------------------------------------------
 // SHA-256, FIPS 180-4. The message is padded with a 1 bit, zeros, and its bit length as a
@@ -209,4 +209,4 @@ Batch sample_batch(std::span<const uint8_t> data, int64_t batch, int64_t context
   return b;
 }
 
-}  // namespace memtrade::data
+}  // namespace memtrade::datasets

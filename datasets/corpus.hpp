@@ -18,7 +18,7 @@
 
 #include "common/common.hpp"
 
-namespace memtrade::data {
+namespace memtrade::datasets {
 
 struct Corpus {
   std::vector<uint8_t> bytes;
@@ -57,4 +57,4 @@ Batch sample_batch(std::span<const uint8_t> data, int64_t batch, int64_t context
 // SHA-256 (FIPS 180-4) of `data` as 64 lowercase hex digits.
 std::string sha256_hex(std::span<const uint8_t> data);
 
-}  // namespace memtrade::data
+}  // namespace memtrade::datasets

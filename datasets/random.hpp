@@ -9,7 +9,7 @@
 
 #include "common/common.hpp"
 
-namespace memtrade::data {
+namespace memtrade::datasets {
 
 // SplitMix64 finaliser: a well-mixed 64-bit hash.
 MT_HD uint64_t mix64(uint64_t z) {
@@ -39,4 +39,4 @@ inline void fill_normal(std::span<double> out, uint64_t seed, double mean = 0.0,
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = mean + stddev * normal(seed, i);
 }
 
-}  // namespace memtrade::data
+}  // namespace memtrade::datasets

@@ -29,8 +29,8 @@ Ceilings probe_cpu() {
     const int64_t n = 2048;
     std::vector<float> a(n * n), b(n * n), out(n * n);
     for (int64_t i = 0; i < n * n; ++i) {
-      a[i] = static_cast<float>(data::uniform01(1, i) - 0.5);
-      b[i] = static_cast<float>(data::uniform01(2, i) - 0.5);
+      a[i] = static_cast<float>(datasets::uniform01(1, i) - 0.5);
+      b[i] = static_cast<float>(datasets::uniform01(2, i) - 0.5);
     }
     auto gemm = [&] { blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n); };
     gemm();  // warm-up: thread pool start, page faults

@@ -131,7 +131,7 @@ std::vector<float> init_params(const Config& c, uint64_t seed) {
     const bool out_proj = t.name.ends_with("o_proj.weight") || t.name.ends_with("down_proj.weight");
     const double std = 0.02 * (out_proj ? residual : 1.0);
     for (int64_t i = 0; i < t.size; ++i)
-      w[t.offset + i] = norm ? 1.f : static_cast<float>(std * data::normal(seed, static_cast<uint64_t>(t.offset + i)));
+      w[t.offset + i] = norm ? 1.f : static_cast<float>(std * datasets::normal(seed, static_cast<uint64_t>(t.offset + i)));
   }
   return w;
 }

@@ -33,7 +33,7 @@ void validate(const Config& c, const TrainOptions& o) {
   MT_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "training: init_scale must be positive");
 }
 
-void check_batch(const Config& c, const TrainOptions& o, const data::Batch& b) {
+void check_batch(const Config& c, const TrainOptions& o, const datasets::Batch& b) {
   MT_CHECK(b.batch == o.batch && b.context == o.seq,
            "training: batch of shape [" + std::to_string(b.batch) + " x " + std::to_string(b.context) +
                "], expected [" + std::to_string(o.batch) + " x " + std::to_string(o.seq) + "]");
@@ -379,7 +379,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
         w[i] = st<S>(static_cast<C>(p));
       } else if constexpr (std::is_same_v<S, bf16_t>) {
         // bf16-pure: stochastic rounding, bits a pure function of (seed, step, index).
-        const auto bits = static_cast<uint32_t>(data::mix64(o_.seed ^ data::mix64(static_cast<uint64_t>(t) * P + i)));
+        const auto bits = static_cast<uint32_t>(datasets::mix64(o_.seed ^ datasets::mix64(static_cast<uint64_t>(t) * P + i)));
         w[i] = precision::round_bf16_stochastic(static_cast<float>(p), bits);
       } else {
         w[i] = st<S>(static_cast<C>(p));
@@ -403,7 +403,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
 }  // namespace
 
-std::vector<Trainer::LinearInputs> Trainer::linear_inputs(const data::Batch&) {
+std::vector<Trainer::LinearInputs> Trainer::linear_inputs(const datasets::Batch&) {
   throw Error("linear_inputs: not available on this backend");
 }
 
@@ -415,7 +415,7 @@ std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const u
   auto dev = make_cpu_device();
   auto t = make_trainer_cpu(c, o, *dev, init_params(c, seed));
   for (int64_t s = 0; s < steps; ++s) {
-    const data::Batch micro[] = {data::sample_batch(train, o.batch, o.seq, seed, static_cast<uint64_t>(s))};
+    const datasets::Batch micro[] = {datasets::sample_batch(train, o.batch, o.seq, seed, static_cast<uint64_t>(s))};
     t->step(micro);
   }
   return t->params();

@@ -332,7 +332,7 @@ __global__ void adamw_kernel(S* __restrict__ w, const S* __restrict__ g, M* __re
       w[i] = from_f32<S>(p);
     } else if constexpr (std::is_same_v<S, bf16_t>) {
       const auto bits = static_cast<uint32_t>(
-          data::mix64(seed ^ data::mix64(static_cast<uint64_t>(t) * static_cast<uint64_t>(P) + static_cast<uint64_t>(i))));
+          datasets::mix64(seed ^ datasets::mix64(static_cast<uint64_t>(t) * static_cast<uint64_t>(P) + static_cast<uint64_t>(i))));
       w[i] = precision::round_bf16_stochastic(p, bits);
     } else {
       w[i] = from_f32<S>(p);

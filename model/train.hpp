@@ -64,12 +64,12 @@ class Trainer {
  public:
   virtual ~Trainer() = default;
   // One optimizer step over accum_steps micro-batches, each [batch x seq] inputs and targets.
-  virtual StepStats step(std::span<const data::Batch> micro) = 0;
+  virtual StepStats step(std::span<const datasets::Batch> micro) = 0;
   // Mean loss of a batch at the current weights (forward only).
-  virtual double eval_loss(const data::Batch& b) = 0;
+  virtual double eval_loss(const datasets::Batch& b) = 0;
   // Gradient of the mean loss of one batch at the current weights (loss scale 1, no update), per
   // parameter in the layout's order, as double. The weights are unchanged.
-  virtual std::vector<double> gradients(const data::Batch& b) = 0;
+  virtual std::vector<double> gradients(const datasets::Batch& b) = 0;
   // The working weights (what the forward reads), as fp32.
   virtual std::vector<float> params() const = 0;
   virtual const precision::LossScaler& scaler() const = 0;
@@ -79,7 +79,7 @@ class Trainer {
   // attention output (o_proj), the MLP input (gate/up projections), the SwiGLU output (down_proj).
   // Calibration data for weight quantization. Backends without it throw Error.
   using LinearInputs = std::array<std::vector<float>, 4>;
-  virtual std::vector<LinearInputs> linear_inputs(const data::Batch& b);
+  virtual std::vector<LinearInputs> linear_inputs(const datasets::Batch& b);
 };
 
 // fp32 training on the CPU from init_params(c, seed) over `steps` batches of the training split,
@@ -100,6 +100,6 @@ std::unique_ptr<Trainer> make_trainer_cuda(const Config& c, const TrainOptions& 
                                            std::span<const float> init);
 
 // Checks a batch's shape against the options and its ids against the vocabulary.
-void check_batch(const Config& c, const TrainOptions& o, const data::Batch& b);
+void check_batch(const Config& c, const TrainOptions& o, const datasets::Batch& b);
 
 }  // namespace memtrade::model

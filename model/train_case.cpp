@@ -61,9 +61,9 @@ TrainCase read_train_case(const Case& c) {
   return t;
 }
 
-data::Corpus load_case_corpus(const TrainCase& t) {
-  data::Corpus corpus =
-      data::load_fortunes(t.corpus_dir.empty() ? data::default_fortunes_dir().string() : t.corpus_dir);
+datasets::Corpus load_case_corpus(const TrainCase& t) {
+  datasets::Corpus corpus =
+      datasets::load_fortunes(t.corpus_dir.empty() ? datasets::default_fortunes_dir().string() : t.corpus_dir);
   MT_CHECK(t.corpus_sha256.empty() || t.corpus_sha256 == corpus.sha256,
            "corpus " + corpus.source + " has SHA-256 " + corpus.sha256 + ", the case expects " + t.corpus_sha256 +
                " (a different fortunes package version: update corpus_sha256 in the suite, or install that version)");

@@ -29,6 +29,6 @@ std::vector<Param> train_case_params();
 TrainCase read_train_case(const Case& c);
 
 // Loads the corpus the case names and checks its pinned checksum.
-data::Corpus load_case_corpus(const TrainCase& t);
+datasets::Corpus load_case_corpus(const TrainCase& t);
 
 }  // namespace memtrade::model

@@ -49,7 +49,7 @@ struct Acts {
 template <class B, class S, class M, class C>
 class TrainerCore : public Trainer {
  public:
-  StepStats step(std::span<const data::Batch> micro) override {
+  StepStats step(std::span<const datasets::Batch> micro) override {
     MT_CHECK(static_cast<int64_t>(micro.size()) == o_.accum_steps,
              "training: step got " + std::to_string(micro.size()) + " micro-batches, expected " +
                  std::to_string(o_.accum_steps));
@@ -67,13 +67,13 @@ class TrainerCore : public Trainer {
     return s;
   }
 
-  double eval_loss(const data::Batch& b) override {
+  double eval_loss(const datasets::Batch& b) override {
     load_batch(b);
     Acts a;
     return forward(a);
   }
 
-  std::vector<double> gradients(const data::Batch& b) override {
+  std::vector<double> gradients(const datasets::Batch& b) override {
     zero_grads();
     forward_backward(b, C(1) / static_cast<C>(rows()), nullptr);
     if constexpr (std::is_same_v<S, double>) {  // the float64 reference: every bit of its gradient
@@ -90,7 +90,7 @@ class TrainerCore : public Trainer {
   }
 
   // The forward's xn1, o (back in rows), xn2 and swiglu(g, u), widened to fp32.
-  std::vector<LinearInputs> linear_inputs(const data::Batch& b) override {
+  std::vector<LinearInputs> linear_inputs(const datasets::Batch& b) override {
     load_batch(b);
     Acts a;
     forward(a);
@@ -152,7 +152,7 @@ class TrainerCore : public Trainer {
     dev_.copy(dst.data(), src.data(), n * sizeof(S), CopyKind::device_to_device);
   }
 
-  void load_batch(const data::Batch& b) {
+  void load_batch(const datasets::Batch& b) {
     check_batch(c_, o_, b);
     dev_.copy(ids_.data(), b.inputs.data(), rows() * sizeof(int32_t), CopyKind::host_to_device);
     dev_.copy(targets_.data(), b.targets.data(), rows() * sizeof(int32_t), CopyKind::host_to_device);
@@ -228,7 +228,7 @@ class TrainerCore : public Trainer {
   }
 
   // Forward and backward of one micro-batch; gradients accumulate. `scale`: d(loss)/d(token loss).
-  double forward_backward(const data::Batch& batch, C scale, StepStats* s) {
+  double forward_backward(const datasets::Batch& batch, C scale, StepStats* s) {
     load_batch(batch);
     Acts a;
     const double loss = forward(a);

@@ -33,13 +33,13 @@ inline model::TrainOptions train_options(precision::Policy p, int64_t batch = 2,
 }
 
 // A batch of random bytes (no corpus needed).
-inline data::Batch random_tokens(int64_t batch, int64_t seq, uint64_t seed) {
-  data::Batch b;
+inline datasets::Batch random_tokens(int64_t batch, int64_t seq, uint64_t seed) {
+  datasets::Batch b;
   b.batch = batch;
   b.context = seq;
   for (int64_t i = 0; i < batch * seq; ++i) {
-    b.inputs.push_back(static_cast<int32_t>(data::uniform01(seed, 2 * i) * 256));
-    b.targets.push_back(static_cast<int32_t>(data::uniform01(seed, 2 * i + 1) * 256));
+    b.inputs.push_back(static_cast<int32_t>(datasets::uniform01(seed, 2 * i) * 256));
+    b.targets.push_back(static_cast<int32_t>(datasets::uniform01(seed, 2 * i + 1) * 256));
   }
   return b;
 }
@@ -51,7 +51,7 @@ inline std::vector<float> test_weights(const model::Config& c, uint64_t seed) {
   for (const auto& t : L.tensors)
     for (int64_t i = 0; i < t.size; ++i) {
       float& x = w[t.offset + i];
-      x = t.shape.size() == 1 ? 1.f + 0.3f * static_cast<float>(data::normal(seed + 1, t.offset + i)) : 8.f * x;
+      x = t.shape.size() == 1 ? 1.f + 0.3f * static_cast<float>(datasets::normal(seed + 1, t.offset + i)) : 8.f * x;
     }
   return w;
 }

@@ -188,7 +188,7 @@ TEST(TrainCuda, TrackedBytesPerTagMatchTheCpuTrainer) {
   const auto c = tiny_model();
   const auto w = model::init_params(c, 1);
   const auto batch = random_tokens(2, 16, 4);
-  const data::Batch micro[] = {batch};
+  const datasets::Batch micro[] = {batch};
   for (Policy p : precision::all_policies) {
     auto cpu = make_cpu_device();
     auto gpu = make_cuda_device();
@@ -226,7 +226,7 @@ TEST(TrainCuda, TwoFp32StepsMatchTheCpuTrainer) {
   auto tc = model::make_trainer_cpu(c, o, *cpu, w);
   auto tg = model::make_trainer_cuda(c, o, *gpu, w);
   for (int step = 0; step < 2; ++step) {
-    const data::Batch micro[] = {random_tokens(2, 16, 30 + step)};
+    const datasets::Batch micro[] = {random_tokens(2, 16, 30 + step)};
     const model::StepStats sc = tc->step(micro), sg = tg->step(micro);
     EXPECT_NEAR(sg.loss, sc.loss, 1e-4 * sc.loss) << "step " << step;
     EXPECT_TRUE(sg.applied) << "step " << step;
@@ -238,7 +238,7 @@ TEST(TrainCuda, TwoFp32StepsMatchTheCpuTrainer) {
                 1e-3 * sc.grad_nonzero);
   }
   EXPECT_EQ(tg->steps_taken(), 2);
-  const data::Batch next = random_tokens(2, 16, 40);
+  const datasets::Batch next = random_tokens(2, 16, 40);
   EXPECT_NEAR(tg->eval_loss(next), tc->eval_loss(next), 1e-4 * tc->eval_loss(next));
   // The calibration inputs of every linear layer, from the updated weights.
   const auto ic = tc->linear_inputs(next), ig = tg->linear_inputs(next);

@@ -20,7 +20,7 @@ namespace {
 
 std::vector<double> normals(std::size_t n, uint64_t seed, double scale = 1.0) {
   std::vector<double> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = scale * data::normal(seed, i);
+  for (std::size_t i = 0; i < n; ++i) v[i] = scale * datasets::normal(seed, i);
   return v;
 }
 

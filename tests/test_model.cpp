@@ -25,7 +25,7 @@ Config tiny() { return test::tiny_model(); }
 
 TrainOptions options(Policy p, int64_t batch = 2, int64_t seq = 16) { return test::train_options(p, batch, seq); }
 
-data::Batch random_batch(int64_t batch, int64_t seq, uint64_t seed) { return test::random_tokens(batch, seq, seed); }
+datasets::Batch random_batch(int64_t batch, int64_t seq, uint64_t seed) { return test::random_tokens(batch, seq, seed); }
 
 std::vector<float> test_params(const Config& c, uint64_t seed) { return test::test_weights(c, seed); }
 
@@ -101,7 +101,7 @@ TEST(ModelGradient, Float64BackwardMatchesFiniteDifferences) {
   for (const auto& t : L.tensors) {
     probe.push_back(t.offset);
     probe.push_back(t.offset + t.size - 1);
-    probe.push_back(t.offset + static_cast<int64_t>(data::uniform01(11, t.offset) * t.size));
+    probe.push_back(t.offset + static_cast<int64_t>(datasets::uniform01(11, t.offset) * t.size));
   }
   probe.push_back(L.embed + batch.inputs[5] * c.dim + 3);  // an embedding row the batch uses
   const double h = 1e-4;
@@ -138,7 +138,7 @@ TEST(ModelStep, Fp32StepMatchesFloat64Reference) {
     den += g64[i] * g64[i];
   }
   EXPECT_LT(std::sqrt(num / den), 1e-5);
-  const data::Batch micro[] = {batch};
+  const datasets::Batch micro[] = {batch};
   const StepStats s32 = t32->step(micro), s64 = t64->step(micro);
   EXPECT_NEAR(s32.loss, s64.loss, 1e-5 * s64.loss);
   EXPECT_TRUE(s32.applied && s64.applied);
@@ -155,7 +155,7 @@ TEST(ModelStep, AccumulatingTwoHalvesEqualsOneBatch) {
   const Config c = tiny();
   const auto w = test_params(c, 2);
   const auto whole = random_batch(4, 16, 21);
-  data::Batch half[2];
+  datasets::Batch half[2];
   for (int k = 0; k < 2; ++k) {
     half[k].batch = 2;
     half[k].context = 16;
@@ -166,7 +166,7 @@ TEST(ModelStep, AccumulatingTwoHalvesEqualsOneBatch) {
   big.float64 = acc.float64 = true;
   acc.accum_steps = 2;
   auto a = make_trainer_cpu(c, big, *dev, w), b = make_trainer_cpu(c, acc, *dev, w);
-  const data::Batch one[] = {whole};
+  const datasets::Batch one[] = {whole};
   const auto sa = a->step(one);
   const auto sb = b->step(half);
   EXPECT_NEAR(sa.loss, sb.loss, 1e-12);
@@ -194,7 +194,7 @@ TEST(ModelMemory, StateBytesPerParameterFollowThePolicy) {
     EXPECT_EQ(state / static_cast<double>(P), precision::model_state_bytes_per_param(p)) << policy_name(p);
     // A step's peak is repeatable to the byte.
     const auto batch = random_batch(2, 16, 4);
-    const data::Batch micro[] = {batch};
+    const datasets::Batch micro[] = {batch};
     pool.reset_peak();
     t->step(micro);
     const auto first = pool.total().peak;
@@ -214,8 +214,8 @@ TEST(ModelMemory, CapacityTooSmallIsOutOfMemory) {
 
 TEST(ModelTraining, LearnsRealTextDeterministically) {
   if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << kFortunes << " is absent; apt-get install fortunes";
-  const auto corpus = data::load_fortunes(kFortunes);
-  const auto split = data::split(corpus);
+  const auto corpus = datasets::load_fortunes(kFortunes);
+  const auto split = datasets::split(corpus);
   const Config c = tiny();
   auto run = [&](Policy p) {
     auto dev = make_cpu_device();
@@ -224,11 +224,11 @@ TEST(ModelTraining, LearnsRealTextDeterministically) {
     auto t = make_trainer_cpu(c, o, *dev, init_params(c, 3));
     std::vector<double> losses;
     for (int step = 0; step < 40; ++step) {
-      const data::Batch micro[] = {data::sample_batch(split.train, 4, 16, 1, step)};
+      const datasets::Batch micro[] = {datasets::sample_batch(split.train, 4, 16, 1, step)};
       losses.push_back(t->step(micro).loss);
     }
     double val = 0;
-    for (int k = 0; k < 4; ++k) val += t->eval_loss(data::sample_batch(split.val, 4, 16, 2, k)) / 4;
+    for (int k = 0; k < 4; ++k) val += t->eval_loss(datasets::sample_batch(split.val, 4, 16, 2, k)) / 4;
     losses.push_back(val);
     return losses;
   };
@@ -249,7 +249,7 @@ TEST(ModelTraining, Fp16WithoutScalingUnderflowsAndScalingPreventsIt) {
   auto scaled = make_trainer_cpu(c, options(Policy::fp16_mixed, 8, 16), *dev, w);
   int64_t nz_a = 0, un_a = 0, nz_b = 0, un_b = 0;
   for (int step = 0; step < 10; ++step) {
-    const data::Batch micro[] = {random_batch(8, 16, 100 + step)};
+    const datasets::Batch micro[] = {random_batch(8, 16, 100 + step)};
     const StepStats a = noscale->step(micro), b = scaled->step(micro);
     nz_a += a.grad_nonzero, un_a += a.grad_underflow_fp16;
     nz_b += b.grad_nonzero, un_b += b.grad_underflow_fp16;

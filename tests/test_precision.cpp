@@ -24,7 +24,7 @@ uint32_t fbits(float f) { return detail::float_as_bits(f); }
 float bitsf(uint32_t u) { return detail::bits_as_float(u); }
 bool is_nan_bf16(bf16_t b) { return (b.bits & 0x7FFFu) > 0x7F80u; }
 // Counter-based random bits: draw i of stream seed.
-uint32_t rbits(uint64_t seed, uint64_t i) { return static_cast<uint32_t>(data::mix64(seed * 0x9E3779B97F4A7C15ull + i)); }
+uint32_t rbits(uint64_t seed, uint64_t i) { return static_cast<uint32_t>(datasets::mix64(seed * 0x9E3779B97F4A7C15ull + i)); }
 
 std::string message_of(const std::function<void()>& f) {
   try {
@@ -355,7 +355,7 @@ TEST(Fp16Underflow, LossScalingRecoversSmallGradients) {
   std::vector<float> g(n), scaled(n);
   LossScaler s;
   for (int i = 0; i < n; ++i) {
-    g[i] = static_cast<float>(1e-8 * data::normal(11, i));  // |g| <= 2^-25 ~ 3e-8 for ~99.7%
+    g[i] = static_cast<float>(1e-8 * datasets::normal(11, i));  // |g| <= 2^-25 ~ 3e-8 for ~99.7%
     scaled[i] = g[i] * s.scale();
   }
   EXPECT_GT(underflow_fraction_fp16(g), 0.99);

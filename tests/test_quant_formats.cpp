@@ -23,7 +23,7 @@ namespace {
 
 uint32_t fbits(float f) { return detail::float_as_bits(f); }
 float bitsf(uint32_t u) { return detail::bits_as_float(u); }
-uint32_t rbits(uint64_t seed, uint64_t i) { return static_cast<uint32_t>(data::mix64(seed * 0x9E3779B97F4A7C15ull + i)); }
+uint32_t rbits(uint64_t seed, uint64_t i) { return static_cast<uint32_t>(datasets::mix64(seed * 0x9E3779B97F4A7C15ull + i)); }
 
 // The CUDA headers' conversions, host side: fp8 -> fp16 (exact, both formats fit fp16) -> float.
 float cuda_fp8_to_float(uint8_t c, __nv_fp8_interpretation_t kind) {
@@ -36,7 +36,7 @@ uint8_t cuda_float_to_fp8(float f, __nv_fp8_interpretation_t kind) {
 
 std::vector<float> normal_matrix(int64_t n, uint64_t seed, double sd = 1.0) {
   std::vector<float> w(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(sd * data::normal(seed, static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(sd * datasets::normal(seed, static_cast<uint64_t>(i)));
   return w;
 }
 

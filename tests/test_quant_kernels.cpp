@@ -32,7 +32,7 @@ namespace {
 
 std::vector<float> normal_vec(int64_t n, uint64_t seed, double sd = 1.0) {
   std::vector<float> v(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(sd * data::normal(seed, static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(sd * datasets::normal(seed, static_cast<uint64_t>(i)));
   return v;
 }
 

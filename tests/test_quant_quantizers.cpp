@@ -484,8 +484,8 @@ TEST(QuantQuantizers, Deterministic) {
 TEST(QuantizersOnTrainedModel, GptqAndAwqBeatRtnOnCapturedActivations) {
   const char* dir = "/usr/share/games/fortunes";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " is absent; apt-get install fortunes";
-  const auto corpus = memtrade::data::load_fortunes(dir);
-  const auto split = memtrade::data::split(corpus);
+  const auto corpus = memtrade::datasets::load_fortunes(dir);
+  const auto split = memtrade::datasets::split(corpus);
   memtrade::model::Config c;
   c.dim = 64;
   c.layers = 1;
@@ -500,7 +500,7 @@ TEST(QuantizersOnTrainedModel, GptqAndAwqBeatRtnOnCapturedActivations) {
   const auto w = memtrade::model::train_fp32(c, o, split.train, 60, 1);
   auto dev = memtrade::make_cpu_device();
   auto t = memtrade::model::make_trainer_cpu(c, o, *dev, w);
-  const auto in = t->linear_inputs(memtrade::data::sample_batch(split.train, 8, 32, 1, 1000));
+  const auto in = t->linear_inputs(memtrade::datasets::sample_batch(split.train, 8, 32, 1, 1000));
   const auto L = memtrade::model::param_layout(c);
   const float* wd = w.data() + L.layer[0].wd;  // [dim x ffn]
   const auto& X = in[0][3];                     // [256 x ffn]

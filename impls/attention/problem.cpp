@@ -103,12 +103,12 @@ std::unique_ptr<AttnProblem> prepare(const Case& c) {
   p->q.resize(s.q_elems());
   p->k.resize(s.kv_elems());
   p->v.resize(s.kv_elems());
-  data::fill_normal(p->q, 11, 0.0, logit_scale);
-  data::fill_normal(p->k, 12);
-  data::fill_normal(p->v, 13);
+  datasets::fill_normal(p->q, 11, 0.0, logit_scale);
+  datasets::fill_normal(p->k, 12);
+  datasets::fill_normal(p->v, 13);
   if (s.backward) {
     p->dout.resize(s.q_elems());
-    data::fill_normal(p->dout, 14);
+    datasets::fill_normal(p->dout, 14);
   }
   auto round_to = [&](std::vector<double>& v) {
     for (auto& x : v) {

@@ -28,8 +28,8 @@ std::unique_ptr<GemmProblem> prepare(const Case& c) {
   p->b.resize(k * n);
   // Uniform in [-1, 1) scaled by 1/sqrt(k): outputs of order 1 at every size.
   const double scale = 1.0 / std::sqrt(static_cast<double>(k));
-  data::fill_uniform(p->a, 101, -scale, scale);
-  data::fill_uniform(p->b, 202, -1.0, 1.0);
+  datasets::fill_uniform(p->a, 101, -scale, scale);
+  datasets::fill_uniform(p->b, 202, -1.0, 1.0);
   // Round to the case dtype so the oracle sees exactly the values every implementation sees.
   auto round_to = [&](std::vector<double>& v) {
     for (auto& x : v) {

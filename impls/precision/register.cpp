@@ -37,19 +37,19 @@ constexpr double kGradErrorUnits = 32;
 
 struct PrecisionProblem final : Problem {
   TrainCase tc;
-  data::Corpus corpus;
-  data::Split split;
+  datasets::Corpus corpus;
+  datasets::Split split;
   std::vector<float> init;
-  data::Batch probe;
+  datasets::Batch probe;
   std::vector<double> oracle_grad;            // float64 gradient of `probe` at `init`
   // The fp32 policy's validation loss per backend, once it has run (it is registered first).
   mutable std::map<Backend, double> fp32_val;
 
-  data::Batch train_batch(int64_t step) const {
-    return data::sample_batch(split.train, tc.opts.batch, tc.opts.seq, tc.seed, static_cast<uint64_t>(step));
+  datasets::Batch train_batch(int64_t step) const {
+    return datasets::sample_batch(split.train, tc.opts.batch, tc.opts.seq, tc.seed, static_cast<uint64_t>(step));
   }
-  data::Batch val_batch(int64_t k) const {
-    return data::sample_batch(split.val, tc.opts.batch, tc.opts.seq, tc.seed + 1000, static_cast<uint64_t>(k));
+  datasets::Batch val_batch(int64_t k) const {
+    return datasets::sample_batch(split.val, tc.opts.batch, tc.opts.seq, tc.seed + 1000, static_cast<uint64_t>(k));
   }
 };
 
@@ -57,7 +57,7 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<PrecisionProblem>();
   p->tc = model::read_train_case(c);
   p->corpus = model::load_case_corpus(p->tc);
-  p->split = data::split(p->corpus);
+  p->split = datasets::split(p->corpus);
   p->init = model::init_params(p->tc.cfg, p->tc.seed);
   p->probe = p->train_batch(0);
   auto dev = make_cpu_device();
@@ -80,7 +80,7 @@ class TrainWorkload final : public Workload {
   }
 
   void run() override {
-    const data::Batch micro[] = {p_.train_batch(next_++)};
+    const datasets::Batch micro[] = {p_.train_batch(next_++)};
     trainer_->step(micro);
   }
 
@@ -119,7 +119,7 @@ class TrainWorkload final : public Workload {
     std::optional<int64_t> diverged;
     float min_scale = trainer_->scaler().scale();
     for (int64_t s = 0; s < steps; ++s) {
-      const data::Batch micro[] = {p_.train_batch(s)};
+      const datasets::Batch micro[] = {p_.train_batch(s)};
       const model::StepStats st = trainer_->step(micro);
       nonzero += st.grad_nonzero;
       under += st.grad_underflow_fp16;

@@ -36,7 +36,7 @@ std::vector<int64_t> synthetic_outlier_channels(int64_t K, uint64_t seed, double
   for (int64_t i = 0; i < count; ++i) {
     const auto span = static_cast<double>(K - i);
     const int64_t j =
-        i + std::min<int64_t>(static_cast<int64_t>(data::uniform01(seed ^ kChannels, i) * span), K - i - 1);
+        i + std::min<int64_t>(static_cast<int64_t>(datasets::uniform01(seed ^ kChannels, i) * span), K - i - 1);
     std::swap(idx[i], idx[j]);
   }
   idx.resize(static_cast<std::size_t>(count));
@@ -50,12 +50,12 @@ std::vector<float> synthetic_activations(int64_t n, int64_t K, uint64_t seed, do
   MT_CHECK(std::isfinite(outlier_scale) && outlier_scale > 0, "synthetic_activations: outlier_scale must be positive");
   std::vector<double> factor(static_cast<std::size_t>(K), 1.0);
   for (const int64_t c : synthetic_outlier_channels(K, seed, outlier_fraction))
-    factor[c] = outlier_scale * std::exp2(2.0 * data::uniform01(seed ^ kFactors, static_cast<uint64_t>(c)) - 1.0);
+    factor[c] = outlier_scale * std::exp2(2.0 * datasets::uniform01(seed ^ kFactors, static_cast<uint64_t>(c)) - 1.0);
   std::vector<float> x(static_cast<std::size_t>(n * K));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t k = 0; k < K; ++k) {
       const auto at = static_cast<uint64_t>(i * K + k);
-      x[at] = static_cast<float>(factor[k] * data::normal(seed ^ kValues, at));
+      x[at] = static_cast<float>(factor[k] * datasets::normal(seed ^ kValues, at));
     }
   return x;
 }
@@ -64,7 +64,7 @@ std::vector<float> synthetic_weights(int64_t N, int64_t K, uint64_t seed) {
   check_sizes("synthetic_weights", N, K);
   const double stddev = 1.0 / std::sqrt(static_cast<double>(K));
   std::vector<float> w(static_cast<std::size_t>(N * K));
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(stddev * data::normal(seed, i));
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(stddev * datasets::normal(seed, i));
   return w;
 }
 

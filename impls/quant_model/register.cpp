@@ -33,8 +33,8 @@ namespace {
 struct Trained {
   model::Config cfg;
   model::TrainOptions opts;
-  data::Corpus corpus;
-  data::Split split;
+  datasets::Corpus corpus;
+  datasets::Split split;
   std::vector<float> params;
   std::vector<model::Trainer::LinearInputs> calib;  // per layer, concatenated over calibration batches
   int64_t calib_rows = 0;
@@ -43,8 +43,8 @@ struct Trained {
   uint64_t seed = 0;
 };
 
-data::Batch val_batch(const Trained& t, int64_t k) {
-  return data::sample_batch(t.split.val, t.opts.batch, t.opts.seq, t.seed + 1000, static_cast<uint64_t>(k));
+datasets::Batch val_batch(const Trained& t, int64_t k) {
+  return datasets::sample_batch(t.split.val, t.opts.batch, t.opts.seq, t.seed + 1000, static_cast<uint64_t>(k));
 }
 
 double val_loss(const Trained& t, std::span<const float> params, Device& dev) {
@@ -71,14 +71,14 @@ std::shared_ptr<const Trained> trained_model(const Case& c) {
   const int64_t steps = tc.steps, calib_batches = c.integer("calib_batches", 2);
   MT_CHECK(calib_batches > 0, "case " + c.id + ": calib_batches must be > 0");
   t->corpus = model::load_case_corpus(tc);
-  t->split = data::split(t->corpus);
+  t->split = datasets::split(t->corpus);
   t->params = model::train_fp32(t->cfg, t->opts, t->split.train, steps, t->seed);
   auto dev = make_cpu_device();
   auto tr = model::make_trainer_cpu(t->cfg, t->opts, *dev, t->params);
   for (int64_t b = 0; b < calib_batches; ++b) {
     // Calibration batches come after the training batches, so they are text the model has not seen.
     const auto in = tr->linear_inputs(
-        data::sample_batch(t->split.train, t->opts.batch, t->opts.seq, t->seed, static_cast<uint64_t>(steps + b)));
+        datasets::sample_batch(t->split.train, t->opts.batch, t->opts.seq, t->seed, static_cast<uint64_t>(steps + b)));
     if (t->calib.empty()) t->calib.resize(in.size());
     for (std::size_t l = 0; l < in.size(); ++l)
       for (int k = 0; k < 4; ++k) t->calib[l][k].insert(t->calib[l][k].end(), in[l][k].begin(), in[l][k].end());
