@@ -62,8 +62,9 @@ const std::map<std::string, std::string> kHelp = {
      "usage: memtrade compare BASELINE CURRENT [options]\n"
      "  --time gate|report     time regressions gate (default) or are only reported (noisy shared runners)\n"
      "  --memory-tolerance N   bytes a memory metric may grow (default 0)\n"
-     "  --error-ratio R        error regression factor (default 2)\n"
-     "  --error-floor A        absolute error increase that never counts (default 1e-6)\n"
+     "  --error-ratio R        rel_l2_err regression factor (default 2)\n"
+     "  --error-floor A        rel_l2_err increase that never counts (default 0) ...\n"
+     "  --error-floor-u U      ... nor one below U unit roundoffs of the case dtype (default 2)\n"
      "  --alpha P              significance level of the Mann-Whitney U test (default 0.01)\n"
      "  --min-effect F         smallest median slowdown that counts (default 0.10)\n"
      "  --allow-missing        cases missing from CURRENT are listed, not regressions\n"
@@ -252,6 +253,7 @@ int cmd_compare(const Args& a) {
   if (a.has("--memory-tolerance")) o.memory_tolerance_bytes = parse_number(a.get("--memory-tolerance"), "--memory-tolerance");
   if (a.has("--error-ratio")) o.error_ratio = parse_number(a.get("--error-ratio"), "--error-ratio");
   if (a.has("--error-floor")) o.error_floor = parse_number(a.get("--error-floor"), "--error-floor");
+  if (a.has("--error-floor-u")) o.error_floor_u = parse_number(a.get("--error-floor-u"), "--error-floor-u");
   if (a.has("--alpha")) o.time_alpha = parse_number(a.get("--alpha"), "--alpha");
   if (a.has("--min-effect")) o.time_min_effect = parse_number(a.get("--min-effect"), "--min-effect");
   o.allow_missing = a.has("--allow-missing");
@@ -349,7 +351,7 @@ int main(int argc, char** argv) {
                           {"--quiet"}));
     if (cmd == "compare")
       return cmd_compare(Args(argc, argv, 2,
-                              {"--time", "--memory-tolerance", "--error-ratio", "--error-floor", "--alpha",
+                              {"--time", "--memory-tolerance", "--error-ratio", "--error-floor", "--error-floor-u", "--alpha",
                                "--min-effect", "--markdown", "--json"},
                               {"--allow-missing"}));
     if (cmd == "report") return cmd_report(Args(argc, argv, 2, {"--baseline", "-o"}, {}));

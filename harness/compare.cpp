@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "common/dtype.hpp"
 #include "harness/stats.hpp"
 
 namespace memtrade {
@@ -13,7 +14,7 @@ namespace memtrade {
 namespace {
 
 std::string fmt(const char* f, double v) {
-  char buf[64];
+  char buf[256];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
 }
@@ -22,6 +23,43 @@ Json num(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
 bool is_memory_metric(const std::string& k) { return k.rfind("peak_", 0) == 0 || k.rfind("host_peak_", 0) == 0; }
 bool is_error_metric(const std::string& k) { return k == "max_abs_err" || k == "max_rel_err" || k == "rel_l2_err"; }
+
+// The unit roundoff of the case's dtype parameter (fp32 when it has none or names no float type).
+double case_unit_roundoff(const Summary& s) {
+  const std::string dt = s.params.value("dtype", std::string("fp32"));
+  if (dt == "bf16") return unit_roundoff(DType::bf16);
+  if (dt == "fp16") return unit_roundoff(DType::f16);
+  if (dt == "fp64") return unit_roundoff(DType::f64);
+  return unit_roundoff(DType::f32);
+}
+
+// The metrics a technique declared, from the results context (the current file's, else the baseline's).
+const Json* declared_metric(const LoadedResults& cur, const LoadedResults& base, const Summary& s,
+                            const std::string& counter) {
+  // References into the context itself (the returned pointer must outlive this call).
+  auto child = [](const Json& j, const std::string& key) -> const Json* {
+    if (!j.is_object()) return nullptr;
+    const auto it = j.find(key);
+    return it == j.end() ? nullptr : &*it;
+  };
+  for (const LoadedResults* r : {&cur, &base}) {
+    const Json* m = child(r->context, "memtrade");
+    const Json* suites = m ? child(*m, "suites") : nullptr;
+    const Json* suite = suites ? child(*suites, s.suite) : nullptr;
+    const Json* metrics = suite ? child(*suite, "metrics") : nullptr;
+    if (!metrics || !metrics->is_array() || metrics->empty()) continue;
+    const Json& list = *metrics;
+    for (int pass = 0; pass < 2; ++pass)  // exact names before prefixes
+      for (const auto& m : list) {
+        if (!m.is_object() || !m.contains("name") || !m["name"].is_string()) continue;
+        const std::string n = m["name"].get<std::string>();
+        const bool prefix = !n.empty() && n.back() == '*';
+        if (pass == 0 ? n == counter : prefix && counter.compare(0, n.size() - 1, n, 0, n.size() - 1) == 0) return &m;
+      }
+    return nullptr;
+  }
+  return nullptr;
+}
 bool is_count_metric(const std::string& k) { return k == "nan_count" || k == "inf_count"; }
 
 std::string machine_class_of(const LoadedResults& r, const std::string& backend) {
@@ -34,6 +72,36 @@ double min_possible_p(std::size_t n1, std::size_t n2) {
   double c = 1;
   for (std::size_t i = 1; i <= n1; ++i) c = c * static_cast<double>(n2 + i) / static_cast<double>(i);
   return std::min(1.0, 2.0 / c);
+}
+
+// One declared metric against the baseline, by its rule (see compare.hpp).
+CompareRow judge_declared(const std::string& name, const std::string& k, const Json& m, double bv, double cv, bool have) {
+  CompareRow row{name, k, num(bv), num(cv), "", "ok", "", false};
+  const std::string gate = m.value("gate", "report"), better = m.value("better", "-");
+  const double ratio = m.value("ratio", 1.0), floor = m.value("floor", 0.0);
+  auto regress = [&](const std::string& why) {
+    row.verdict = "regression";
+    row.regression = true;
+    row.detail = why + " (declared rule: " + gate + ")";
+  };
+  if (!have) {
+    if (gate != "report" && gate != "time") regress("metric not in the current results");
+    return row;
+  }
+  if (std::isfinite(bv) && bv != 0) row.change = fmt("%+.2f%%", 100 * (cv / bv - 1));
+  if (std::isfinite(bv) && !std::isfinite(cv) && gate != "report" && gate != "time")
+    regress("NaN/Inf where the baseline was finite");
+  else if (gate == "zero" && cv != 0)
+    regress("must stay 0");
+  else if (gate == "bound" && (better == "higher" ? cv < floor : cv > floor))
+    regress(fmt("past the bound %.4g", floor));
+  else if (gate == "exact" && std::isfinite(bv) && (better == "higher" ? cv < bv : better == "lower" ? cv > bv : cv != bv))
+    regress("changed in the worse direction");
+  else if (gate == "ratio" && std::isfinite(bv)) {
+    const bool worse = better == "higher" ? (cv < bv / ratio && bv - cv > floor) : (cv > bv * ratio && cv - bv > floor);
+    if (worse) regress(fmt("beyond %.4g x the baseline", ratio));
+  }
+  return row;
 }
 
 }  // namespace
@@ -104,19 +172,33 @@ CompareResult compare_results(const LoadedResults& base, const LoadedResults& cu
         add(row);
       } else if (is_error_metric(k)) {
         CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        const bool gated = k == "rel_l2_err";
+        const double floor = std::max(o.error_floor, o.error_floor_u * case_unit_roundoff(c));
         if (std::isfinite(bv) && !std::isfinite(cv)) {
           row.verdict = "regression";
           row.regression = true;
           row.detail = "error is NaN/Inf (or absent) where the baseline was finite";
         } else if (std::isfinite(bv) && std::isfinite(cv)) {
           row.change = bv > 0 ? fmt("x%.3g", cv / bv) : fmt("%+.3g", cv - bv);
-          if (cv > o.error_ratio * bv && cv - bv > o.error_floor) {
-            row.verdict = "regression";
-            row.regression = true;
-            row.detail = fmt("above %.3g x baseline", o.error_ratio) + fmt(" and the floor %.1e", o.error_floor);
-          } else if (bv > o.error_ratio * cv && bv - cv > o.error_floor) {
+          if (cv > o.error_ratio * bv && cv - bv > floor) {
+            row.verdict = gated ? "regression" : "changed";
+            row.regression = gated;
+            row.detail = gated ? fmt("above %.3g x baseline", o.error_ratio) + fmt(" and the floor %.2e", floor)
+                               : "order-dependent metric: listed, not gated (error_ok and rel_l2_err gate)";
+          } else if (bv > o.error_ratio * cv && bv - cv > floor) {
             row.verdict = "improved";
           }
+        }
+        add(row);
+      } else if (k == "error_ok") {
+        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        if (have && cv == 0 && bv != 0) {
+          row.verdict = "regression";
+          row.regression = true;
+          row.detail = "the error is outside the technique's rule against the float64 oracle: " + c.detail;
+        } else if (have && cv == 0) {
+          row.verdict = "still_failing";
+          row.detail = "outside the rule in the baseline too";
         }
         add(row);
       } else if (is_count_metric(k)) {
@@ -127,8 +209,15 @@ CompareResult compare_results(const LoadedResults& base, const LoadedResults& cu
           row.detail = "more non-finite values than the baseline";
         }
         add(row);
+      } else if (const Json* m = declared_metric(cur, base, c, k)) {
+        const std::string gate = m->value("gate", "report");
+        if (gate != "report" && gate != "time") add(judge_declared(b.name, k, *m, bv, cv, have));
       }
     }
+    // A verdict against the oracle that fails now where the baseline did not record one.
+    if (!b.counters.count("error_ok") && c.counters.count("error_ok") && c.counters.at("error_ok") == 0)
+      add({b.name, "error_ok", nullptr, 0, "", "regression",
+           "the error is outside the technique's rule against the float64 oracle: " + c.detail, true});
 
     // Time.
     if (b.times_s.empty() || c.times_s.empty()) continue;

@@ -233,6 +233,7 @@ LoadedResults load_results(const std::filesystem::path& path) {
       s.backend = e.value("backend", "cpu");
       s.status = e.value("status", e.value("error_occurred", false) ? "error" : "ok");
       s.detail = e.value("status_detail", e.value("error_message", ""));
+      if (e.contains("case") && e["case"].is_object()) s.params = e["case"];
       static const std::set<std::string> skip_keys = {"repetitions", "repetition_index", "threads", "iterations",
                                                       "real_time", "cpu_time", "x", "family_index",
                                                       "per_family_instance_index"};

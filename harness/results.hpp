@@ -56,6 +56,7 @@ Json record_entries(const Record& r);
 // A results file read back, one Summary per benchmark name.
 struct Summary {
   std::string name, suite, technique, impl, backend, status, detail;
+  Json params = Json::object();             // the case's parameters
   std::map<std::string, double> counters;  // NaN where the file holds null
   std::vector<double> times_s;             // per repetition
 };

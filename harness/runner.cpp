@@ -181,6 +181,34 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
   return rec;
 }
 
+namespace {
+
+ErrorStats stats_of(const Record& r) {
+  ErrorStats e;
+  e.max_abs = r.counter("max_abs_err");
+  e.max_rel = r.counter("max_rel_err");
+  e.rel_l2 = r.counter("rel_l2_err");
+  e.nan_count = static_cast<std::size_t>(r.counter("nan_count"));
+  e.inf_count = static_cast<std::size_t>(r.counter("inf_count"));
+  return e;
+}
+
+}  // namespace
+
+void judge_record(const Technique& t, const Impl& impl, const Case& c, const Problem& p,
+                  const std::vector<Record>& earlier, Record& rec) {
+  const Record* ref = nullptr;
+  if (impl.role != Role::reference)
+    for (Backend be : {impl.backend, Backend::cpu})
+      for (const auto& r : earlier)
+        if (!ref && r.kase.id == c.id && r.role == Role::reference && r.backend == be && r.status == "ok") ref = &r;
+  if (impl.role != Role::reference && !ref) return;  // the reference did not run here (--filter): not judged
+  const ErrorStats e = stats_of(rec);
+  const Verdict v = judge_error(t, c, p, impl, e, ref ? stats_of(*ref) : e);
+  rec.counters["error_ok"] = v.pass ? 1 : 0;
+  if (!v.pass) rec.detail += (rec.detail.empty() ? "" : "; ") + ("error rule failed: " + v.why);
+}
+
 void check_suite(const Registry& reg, const SuiteSpec& s) {
   const Technique& t = reg.get(s.technique);
   for (const auto& p : s.profiles)
@@ -252,8 +280,12 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     reg.get(s.technique);
     info.suites.push_back(s.name);
     const auto& prof = s.profile(opts.profile);
+    Json metrics = Json::array();
+    for (const auto& m : reg.get(s.technique).schema.metrics)
+      metrics.push_back({{"name", m.name}, {"unit", m.unit}, {"better", better_name(m.better)},
+                         {"gate", gate_name(m.gate)}, {"ratio", m.ratio}, {"floor", m.floor}});
     info.suite_meta[s.name] = {{"technique", s.technique}, {"x_param", s.x_param}, {"x_label", s.x_label},
-                               {"description", s.description},
+                               {"description", s.description}, {"metrics", metrics},
                                {"capacity_bytes", opts.capacity ? Json(*opts.capacity)
                                                   : prof.capacity ? Json(*prof.capacity) : Json(nullptr)}};
     info.repetitions = std::max(info.repetitions, opts.repetitions.value_or(s.profile(opts.profile).repetitions));
@@ -323,6 +355,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
           rec.detail = "preparing the case failed: " + problem_error;
         }
         if (rec.status == "ok") rec = measure(tech, impl, c, *problem, *dev, reps, prof.min_time_s, info.ceilings);
+        if (rec.status == "ok") judge_record(tech, impl, c, *problem, records, rec);
         if (opts.verbose) std::printf("%s\n", summary_line(rec).c_str());
         std::fflush(stdout);
         (rec.status == "ok" ? sum.ok : rec.status == "oom" ? sum.oom : rec.status == "skipped" ? sum.skipped : sum.error)++;

@@ -42,6 +42,12 @@ struct RunSummary {
 
 RunSummary run_suites(const Registry& reg, const RunOptions& opts);
 
+// The technique's ErrorRule on a finished record (`earlier`: the records of the suite so far, where the
+// case's reference ran first): counter error_ok = 1 or 0, and the failed rule's numbers appended to
+// the record's detail. Not judged (no counter) when no reference of the case ran.
+void judge_record(const Technique& t, const Impl& impl, const Case& c, const Problem& p,
+                  const std::vector<Record>& earlier, Record& rec);
+
 // Checks every profile of a suite file against its technique's schema; throws Error naming the file,
 // the profile, the case and the key.
 void check_suite(const Registry& reg, const SuiteSpec& s);

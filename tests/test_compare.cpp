@@ -99,13 +99,27 @@ TEST(Compare, TooFewRepetitionsAreFlagged) {
   EXPECT_NE(r.notes[0].find("too few repetitions"), std::string::npos);
 }
 
-TEST(Compare, ErrorGrowthNeedsRatioAndFloor) {
+TEST(Compare, ErrorGrowthNeedsRatioAndAFloorInUnitRoundoffs) {
   auto cur = sample();
-  cur.cases[0].counters["rel_l2_err"] = 5e-7;  // 2.5x but only +3e-7: under the 1e-6 floor
+  cur.cases[0].counters["rel_l2_err"] = 3.9e-7;  // 1.95x: under the ratio
   EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 0);
-  cur.cases[0].counters["max_abs_err"] = 1e-5;  // 10x and +9e-6
+  cur.cases[0].counters["rel_l2_err"] = 5e-7;  // 2.5x and +3e-7, above 2 fp32 unit roundoffs (1.2e-7)
+  EXPECT_EQ(regressions_named(compare_results(sample(), cur, {}), "gemm/n=64,dtype=fp32/openblas", "rel_l2_err"), 1);
+  // The same growth on a bf16 case is below 2 bf16 unit roundoffs (7.8e-3).
+  auto base16 = sample(), cur16 = sample();
+  base16.cases[0].params = cur16.cases[0].params = Json{{"n", 64}, {"dtype", "bf16"}};
+  cur16.cases[0].counters["rel_l2_err"] = 5e-7;
+  EXPECT_EQ(compare_results(base16, cur16, {}).regressions, 0);
+  cur16.cases[0].counters["rel_l2_err"] = 9e-3;
+  EXPECT_EQ(compare_results(base16, cur16, {}).regressions, 1);
+  // max_abs_err depends on the summation order: a 10x change is listed, not a regression.
+  cur = sample();
+  cur.cases[0].counters["max_abs_err"] = 1e-5;
   auto r = compare_results(sample(), cur, {});
-  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "max_abs_err"), 1);
+  EXPECT_EQ(r.regressions, 0);
+  bool listed = false;
+  for (const auto& row : r.rows) listed = listed || (row.metric == "max_abs_err" && row.verdict == "changed");
+  EXPECT_TRUE(listed);
   cur = sample();
   cur.cases[0].counters["rel_l2_err"] = std::nan("");
   r = compare_results(sample(), cur, {});
@@ -113,6 +127,52 @@ TEST(Compare, ErrorGrowthNeedsRatioAndFloor) {
   cur = sample();
   cur.cases[0].counters["nan_count"] = 3;
   EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 1);
+}
+
+TEST(Compare, AnErrorVerdictTurningBadIsARegression) {
+  auto base = sample(), cur = sample();
+  base.cases[0].counters["error_ok"] = 1;
+  cur.cases[0].counters["error_ok"] = 0;
+  cur.cases[0].detail = "error rule failed: max_abs 3e-3 vs bound 1e-3";
+  auto r = compare_results(base, cur, {});
+  ASSERT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "error_ok"), 1);
+  // A baseline without verdicts (older files): a failing verdict still is one.
+  r = compare_results(sample(), cur, {});
+  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "error_ok"), 1);
+  // Failing in both: listed, not a new regression.
+  base.cases[0].counters["error_ok"] = 0;
+  EXPECT_EQ(compare_results(base, cur, {}).regressions, 0);
+}
+
+TEST(Compare, DeclaredMetricsAreGatedByTheirRule) {
+  auto base = sample(), cur = sample();
+  cur.context["memtrade"]["suites"] = Json::parse(R"({"gemm": {"metrics": [
+      {"name": "val_loss", "better": "lower", "gate": "ratio", "ratio": 1.02, "floor": 0},
+      {"name": "diverged", "better": "lower", "gate": "zero"},
+      {"name": "weight_bytes", "better": "lower", "gate": "exact"},
+      {"name": "tokens_per_s", "better": "higher", "gate": "time"},
+      {"name": "curve_*", "better": "-", "gate": "report"}]}})");
+  for (auto* r : {&base, &cur})
+    r->cases[0].counters.insert({{"val_loss", 2.0}, {"diverged", 0}, {"weight_bytes", 1000}, {"tokens_per_s", 500},
+                                 {"curve_00", 3.0}});
+  EXPECT_EQ(compare_results(base, cur, {}).regressions, 0);
+  const std::string n = "gemm/n=64,dtype=fp32/openblas";
+  cur.cases[0].counters["val_loss"] = 2.03;  // +1.5%: within 1.02x
+  EXPECT_EQ(compare_results(base, cur, {}).regressions, 0);
+  cur.cases[0].counters["val_loss"] = 4.0;  // a doubled loss
+  EXPECT_EQ(regressions_named(compare_results(base, cur, {}), n, "val_loss"), 1);
+  cur.cases[0].counters["val_loss"] = 2.0;
+  cur.cases[0].counters["diverged"] = 1;
+  EXPECT_EQ(regressions_named(compare_results(base, cur, {}), n, "diverged"), 1);
+  cur.cases[0].counters["diverged"] = 0;
+  cur.cases[0].counters["weight_bytes"] = 1001;  // one byte more
+  EXPECT_EQ(regressions_named(compare_results(base, cur, {}), n, "weight_bytes"), 1);
+  cur.cases[0].counters["weight_bytes"] = 999;  // fewer: fine
+  cur.cases[0].counters["tokens_per_s"] = 100;  // throughput is timing: listed only
+  cur.cases[0].counters["curve_00"] = 30;
+  EXPECT_EQ(compare_results(base, cur, {}).regressions, 0);
+  cur.cases[0].counters.erase("val_loss");  // a gated metric that disappeared
+  EXPECT_EQ(regressions_named(compare_results(base, cur, {}), n, "val_loss"), 1);
 }
 
 TEST(Compare, MissingNewAndStatusChangedCasesAreListed) {

@@ -182,7 +182,7 @@ void register_technique(Registry& r) {
   };
   t.schema.metrics = {
       {"rel_l2_err_*", "1", Better::lower, Gate::ratio, 2, 1e-6, "relative L2 error of one output (o, dq, dk, dv)"},
-      {"max_abs_err_*", "1", Better::lower, Gate::ratio, 2, 1e-6, "max abs error of one output"},
+      {"max_abs_err_*", "1", Better::lower, Gate::report, 0, 0, "max abs error of one output (order-dependent)"},
       {"oracle_rows", "1", Better::none, Gate::report, 0, 0, "query rows the float64 oracle covers"},
       {"crossover_n", "tokens", Better::none, Gate::report, 0, 0, "auto: the measured naive/flash crossover"},
       {"choice_flash", "1", Better::none, Gate::report, 0, 0, "auto: 1 when it ran flash"},
