@@ -484,6 +484,11 @@ def check_no_gpu() -> str | None:
     if cuda_available():
         print("skip: run --backend auto without a GPU (memtrade list reports a CUDA device)")
         return None
+    cp = memtrade("list", "gemm")
+    expect_rc(cp, 0, "memtrade list gemm")
+    if not re.search(r"^\s+\S+\s+\S+\s+cuda\s", cp.stdout, re.M):
+        print("skip: run --backend auto without a GPU (built without the CUDA backend: no CUDA implementation)")
+        return None
     fresh("D.json")
     cp = memtrade("run", "--suite", "gemm", "--profile", "test", "--backend", "auto", "--out", "D.json")
     expect_rc(cp, 0, "run --backend auto without a CUDA device")
