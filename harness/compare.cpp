@@ -26,10 +26,11 @@ bool is_error_metric(const std::string& k) { return k == "max_abs_err" || k == "
 
 // The unit roundoff of the case's dtype parameter (fp32 when it has none or names no float type).
 double case_unit_roundoff(const Summary& s) {
-  const std::string dt = s.params.value("dtype", std::string("fp32"));
-  if (dt == "bf16") return unit_roundoff(DType::bf16);
-  if (dt == "fp16") return unit_roundoff(DType::f16);
-  if (dt == "fp64") return unit_roundoff(DType::f64);
+  const auto it = s.params.find("dtype");
+  if (it != s.params.end() && it->is_string()) try {
+      if (const double u = unit_roundoff(parse_dtype(it->get<std::string>())); u > 0) return u;
+    } catch (const Error&) {
+    }
   return unit_roundoff(DType::f32);
 }
 
