@@ -2,6 +2,8 @@
 //   memtrade list
 //   memtrade run --suite S[,S...]|all [--profile quick|full] [--backend cpu|cuda|auto] --out F [options]
 //   memtrade compare BASELINE CURRENT [--time gate|report] [--markdown F] [--json F] [options]
+//   memtrade ab --baseline-bin OLD --candidate-bin NEW --suite S [--runs K] [options]
+//   memtrade gate-selftest [--trials T] [--runs K]
 //   memtrade report RESULTS... [--baseline B] -o report.html
 //   memtrade probe [--backend cpu|cuda|auto]
 // Exit codes: 0 success, 1 regressions found (compare), 2 usage error or unreadable/malformed input.
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/ab.hpp"
 #include "harness/compare.hpp"
 #include "harness/probe.hpp"
 #include "harness/runner.hpp"
@@ -36,10 +39,26 @@ const char* kMainHelp =
     "commands:\n"
     "  list      suites, profiles, techniques and implementations\n"
     "  run       run suites and write a results file (Google Benchmark JSON)\n"
-    "  compare   compare a results file with a baseline; exit 1 on regressions\n"
+    "  compare   compare a results file (or several runs) with a baseline; exit 1 on regressions\n"
+    "  ab        time two builds against each other, alternating runs on this machine; exit 1 on regressions\n"
+    "  gate-selftest  false-alarm and detection rates of the time gate on calibrated slowdowns\n"
     "  report    write a self-contained HTML report from results files\n"
     "  probe     measure this machine's GEMM and copy ceilings\n"
     "  tune      measure and store machine-specific settings (attention's naive/flash crossover)\n";
+
+#define COMPARE_OPTIONS_HELP \
+  "  --time gate|report     time regressions gate (default) or are only reported\n" \
+  "  --memory-tolerance N   bytes a memory metric may grow (default 0)\n" \
+  "  --untracked-allowance N  bytes untracked_bytes may grow (default 65536)\n" \
+  "  --error-ratio R        rel_l2_err regression factor (default 2)\n" \
+  "  --error-floor A        rel_l2_err increase that never counts (default 0) ...\n" \
+  "  --error-floor-u U      ... nor one below U unit roundoffs of the case dtype (default 2)\n" \
+  "  --alpha P              significance level of the Mann-Whitney U test over run medians (default 0.01)\n" \
+  "  --min-effect F         smallest slowdown of the median run that counts (default 0.05)\n" \
+  "  --min-effect-for RE=F  the minimum effect for cases whose name matches RE (repeatable, first match)\n" \
+  "  --max-cv C             a run whose repetitions' coefficient of variation exceeds C is unstable (0.25)\n" \
+  "  --min-cpu-share S      a CPU run is pre-empted (unstable) when one repetition's CPU/wall falls\n" \
+  "                         below S times the run's best (default 0.5)\n"
 
 const std::map<std::string, std::string> kHelp = {
     {"list", "usage: memtrade list [TECHNIQUE] [--suites-dir D]\n"
@@ -57,20 +76,39 @@ const std::map<std::string, std::string> kHelp = {
      "  --set KEY=VALUE    override a case parameter in every case (repeatable; checked against the\n"
      "                     technique's axes, see memtrade list TECHNIQUE); VALUE is JSON or a plain string\n"
      "  --suites-dir D     where suite files live (default: the source tree's suites/)\n"
+     "  --no-probe         skip measuring the machine's ceilings (no frac_of_* counters)\n"
      "  --quiet            no per-case lines\n"},
     {"compare",
      "usage: memtrade compare BASELINE CURRENT [options]\n"
-     "  --time gate|report     time regressions gate (default) or are only reported (noisy shared runners)\n"
-     "  --memory-tolerance N   bytes a memory metric may grow (default 0)\n"
-     "  --error-ratio R        rel_l2_err regression factor (default 2)\n"
-     "  --error-floor A        rel_l2_err increase that never counts (default 0) ...\n"
-     "  --error-floor-u U      ... nor one below U unit roundoffs of the case dtype (default 2)\n"
-     "  --alpha P              significance level of the Mann-Whitney U test (default 0.01)\n"
-     "  --min-effect F         smallest median slowdown that counts (default 0.10)\n"
+     "  BASELINE and CURRENT are each a results file, a comma-separated list of them, or a folder (every\n"
+     "  *.json in it): several files are independent runs of one build. Memory, error and counters come from\n"
+     "  the first file of each side (memory must be equal in every CURRENT run); time is tested on the runs'\n"
+     "  medians and gates only with enough runs for the test (5 per side at alpha 0.01).\n"
+     COMPARE_OPTIONS_HELP
      "  --allow-missing        cases missing from CURRENT are listed, not regressions\n"
      "  --markdown F           also write the table as markdown\n"
      "  --json F               also write every check as JSON (what report --baseline uses)\n"
      "  exit: 0 clean, 1 regressions, 2 unreadable or malformed input\n"},
+    {"ab",
+     "usage: memtrade ab --baseline-bin OLD --candidate-bin NEW --suite S [options]\n"
+     "  Runs OLD and NEW alternately (ABBA), each run its own process (`run --no-probe`), then compares the\n"
+     "  runs as `compare` does, with time gating on. Cases whose time test was inconclusive because runs\n"
+     "  were pre-empted or too spread (`unstable`) are run again, alone.\n"
+     "  --runs K               runs per side (default 5: the fewest that can reach p < 0.01)\n"
+     "  --retries N            extra rounds for unstable cases (default 2)\n"
+     "  --out-dir D            where the runs' results files go (default build/ab; earlier run-*.json removed)\n"
+     "  --baseline-env N=V     environment for OLD's runs only (repeatable); --candidate-env likewise\n"
+     "  --suite, --profile, --backend (default cpu), --filter, --set, --repetitions, --suites-dir: as for run\n"
+     COMPARE_OPTIONS_HELP
+     "  --markdown F, --json F as for compare\n"
+     "  exit: 0 clean, 1 regressions, 2 usage error or a failed run\n"},
+    {"gate-selftest",
+     "usage: memtrade gate-selftest [--trials T] [--runs K] [--slowdowns F,F] [--out-dir D]\n"
+     "  The time gate's power and false-alarm rate, measured: T times, `ab` of this binary against itself on\n"
+     "  the calibrate suite's selftest profile (a copy and a multiply-add chain), with the candidate doing\n"
+     "  1.00x the work (every flag is a false alarm) and each factor of --slowdowns (default 1.10,1.25;\n"
+     "  every flag is a detection). Prints the rates; exit 1 when a false alarm occurred or the detection\n"
+     "  rate is below 95% at 1.25x or 80% at 1.10x. Default T = 10, K = 5 (a few minutes).\n"},
     {"report",
      "usage: memtrade report RESULTS... [--baseline B] -o report.html\n"
      "  One self-contained HTML file: plots per technique, claims, regressions against B (compared with\n"
@@ -240,30 +278,183 @@ int cmd_run(const Args& a) {
       o.overrides.emplace_back(kv.substr(0, eq), v);
     }
   o.verbose = !a.has("--quiet");
+  o.probe = !a.has("--no-probe");
   auto s = run_suites(registry(), o);
   return s.error > 0 ? 3 : 0;
 }
 
-int cmd_compare(const Args& a) {
-  if (a.pos.size() != 2) throw Usage("compare needs BASELINE and CURRENT");
+const std::vector<std::string> kCompareValued = {"--time",   "--memory-tolerance", "--untracked-allowance", "--error-ratio",
+                                                 "--error-floor", "--error-floor-u", "--alpha", "--min-effect",
+                                                 "--min-effect-for", "--max-cv", "--min-cpu-share", "--markdown", "--json"};
+
+CompareOptions compare_options(const Args& a) {
   CompareOptions o;
   const std::string tm = a.get("--time", "gate");
   if (tm != "gate" && tm != "report") throw Usage("--time takes gate or report, got '" + tm + "'");
   o.time_gate = tm == "gate";
-  if (a.has("--memory-tolerance")) o.memory_tolerance_bytes = parse_number(a.get("--memory-tolerance"), "--memory-tolerance");
-  if (a.has("--error-ratio")) o.error_ratio = parse_number(a.get("--error-ratio"), "--error-ratio");
-  if (a.has("--error-floor")) o.error_floor = parse_number(a.get("--error-floor"), "--error-floor");
-  if (a.has("--error-floor-u")) o.error_floor_u = parse_number(a.get("--error-floor-u"), "--error-floor-u");
-  if (a.has("--alpha")) o.time_alpha = parse_number(a.get("--alpha"), "--alpha");
-  if (a.has("--min-effect")) o.time_min_effect = parse_number(a.get("--min-effect"), "--min-effect");
+  auto number = [&](const char* key, double& into, double lo, double hi) {
+    if (!a.has(key)) return;
+    into = parse_number(a.get(key), key);
+    if (!(into >= lo && into <= hi))
+      throw Usage(std::string("option ") + key + " must be in [" + format_number(lo) + ", " + format_number(hi) + "]");
+  };
+  number("--memory-tolerance", o.memory_tolerance_bytes, 0, 1e18);
+  number("--untracked-allowance", o.untracked_allowance_bytes, 0, 1e18);
+  number("--error-ratio", o.error_ratio, 1, 1e9);
+  number("--error-floor", o.error_floor, 0, 1e9);
+  number("--error-floor-u", o.error_floor_u, 0, 1e12);
+  number("--alpha", o.time_alpha, 1e-12, 1);
+  number("--min-effect", o.time_min_effect, 0, 100);
+  number("--max-cv", o.max_cv, 0, 100);
+  number("--min-cpu-share", o.min_cpu_share, 0, 1);
+  if (a.all.count("--min-effect-for"))
+    for (const auto& kv : a.all.at("--min-effect-for")) {
+      const auto eq = kv.rfind('=');
+      if (eq == std::string::npos || eq == 0) throw Usage("--min-effect-for takes REGEX=F, got '" + kv + "'");
+      o.min_effect_for.emplace_back(kv.substr(0, eq), parse_number(kv.substr(eq + 1), "--min-effect-for"));
+    }
   o.allow_missing = a.has("--allow-missing");
-  const auto base = load_results(a.pos[0]);
-  const auto cur = load_results(a.pos[1]);
-  const auto r = compare_results(base, cur, o);
-  std::printf("compare %s -> %s\n%s", a.pos[0].c_str(), a.pos[1].c_str(), format_compare(r, false).c_str());
+  return o;
+}
+
+// A side of a comparison: a results file, a comma-separated list of them, or a folder of *.json runs.
+std::vector<LoadedResults> load_side(const std::string& spec) {
+  std::vector<std::filesystem::path> files;
+  if (std::filesystem::is_directory(spec)) {
+    for (const auto& e : std::filesystem::directory_iterator(spec))
+      if (e.path().extension() == ".json") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw Usage("folder '" + spec + "' holds no *.json results files");
+  } else {
+    for (const auto& f : split(spec, ',')) files.emplace_back(f);
+  }
+  if (files.empty()) throw Usage("no results file in '" + spec + "'");
+  std::vector<LoadedResults> out;
+  for (const auto& f : files) out.push_back(load_results(f));
+  return out;
+}
+
+int write_compare(const Args& a, const CompareResult& r, const std::string& title) {
+  std::printf("%s\n%s", title.c_str(), format_compare(r, false).c_str());
   if (a.has("--markdown")) std::ofstream(a.get("--markdown")) << format_compare(r, true);
   if (a.has("--json")) std::ofstream(a.get("--json")) << compare_to_json(r).dump(1) << "\n";
   return r.regressions > 0 ? 1 : 0;
+}
+
+int cmd_compare(const Args& a) {
+  if (a.pos.size() != 2) throw Usage("compare needs BASELINE and CURRENT");
+  const CompareOptions o = compare_options(a);
+  const auto r = compare_runs(load_side(a.pos[0]), load_side(a.pos[1]), o);
+  return write_compare(a, r, "compare " + a.pos[0] + " -> " + a.pos[1]);
+}
+
+// The `run` options ab passes through to every run.
+std::vector<std::string> run_args(const Args& a) {
+  std::vector<std::string> out;
+  for (const char* k : {"--suite", "--profile", "--repetitions", "--suites-dir", "--capacity"})
+    if (a.has(k)) {
+      out.push_back(k);
+      out.push_back(a.get(k));
+    }
+  out.push_back("--backend");
+  out.push_back(a.get("--backend", "cpu"));
+  if (a.all.count("--set"))
+    for (const auto& kv : a.all.at("--set")) {
+      out.push_back("--set");
+      out.push_back(kv);
+    }
+  return out;
+}
+
+int whole_number(const Args& a, const char* key, int fallback, int lo) {
+  if (!a.has(key)) return fallback;
+  const double v = parse_number(a.get(key), key);
+  if (v < lo || v != static_cast<int>(v)) throw Usage(std::string(key) + " must be a whole number >= " + std::to_string(lo));
+  return static_cast<int>(v);
+}
+
+int cmd_ab(const Args& a) {
+  if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
+  for (const char* k : {"--baseline-bin", "--candidate-bin", "--suite"})
+    if (!a.has(k)) throw Usage(std::string("ab needs ") + k);
+  AbOptions o;
+  o.baseline_bin = a.get("--baseline-bin");
+  o.candidate_bin = a.get("--candidate-bin");
+  if (a.all.count("--baseline-env")) o.baseline_env = a.all.at("--baseline-env");
+  if (a.all.count("--candidate-env")) o.candidate_env = a.all.at("--candidate-env");
+  o.run_args = run_args(a);
+  o.filter = a.get("--filter");
+  o.runs = whole_number(a, "--runs", 5, 1);
+  o.retries = whole_number(a, "--retries", 2, 0);
+  o.out_dir = a.get("--out-dir", "build/ab");
+  o.compare = compare_options(a);
+  const auto r = run_ab(o);
+  return write_compare(a, r.compare,
+                       "ab " + o.baseline_bin.string() + " (baseline) vs " + o.candidate_bin.string() + " (candidate), " +
+                           std::to_string(r.rounds) + " rounds; runs in " + o.out_dir.string());
+}
+
+int cmd_gate_selftest(const Args& a) {
+  if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
+  const int trials = whole_number(a, "--trials", 10, 1);
+  const int runs = whole_number(a, "--runs", 5, 1);
+  std::vector<double> factors = {1.0};
+  for (const auto& f : split(a.get("--slowdowns", "1.10,1.25"), ',')) {
+    const double v = parse_number(f, "--slowdowns");
+    if (!(v > 1 && v <= 10)) throw Usage("--slowdowns takes factors in (1, 10], got '" + f + "'");
+    factors.push_back(v);
+  }
+  const auto self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::filesystem::path out = a.get("--out-dir", "build/gate-selftest");
+  std::map<double, std::map<std::string, int>> flagged;  // factor -> case -> trials flagged
+  std::map<double, int> other;                            // non-time regressions (must stay 0)
+  std::map<double, int> unstable;
+  for (int t = 1; t <= trials; ++t)
+    for (double f : factors) {
+      AbOptions o;
+      o.baseline_bin = o.candidate_bin = self;
+      char scale[64];
+      std::snprintf(scale, sizeof scale, "MEMTRADE_CALIBRATE_SCALE=%.4g", f);
+      o.baseline_env = {"MEMTRADE_CALIBRATE_SCALE=1"};
+      o.candidate_env = {scale};
+      o.run_args = {"--suite", "calibrate", "--profile", "selftest", "--backend", "cpu"};
+      o.runs = runs;
+      o.retries = 1;
+      o.out_dir = out;
+      o.verbose = false;
+      const auto r = run_ab(o);
+      for (const auto& row : r.compare.rows) {
+        if (row.metric == "time") flagged[f][row.name] += row.regression ? 1 : 0;
+        else if (row.regression) ++other[f];
+        if (row.metric == "time" && row.verdict == "unstable") ++unstable[f];
+      }
+      std::printf("trial %d/%d, candidate at %.2fx work: %d regression(s)\n", t, trials, f, r.compare.regressions);
+      std::fflush(stdout);
+    }
+  std::printf("\n%-8s %-40s %s\n", "work", "case", "flagged as a time regression");
+  bool pass = true;
+  for (const auto& [f, cases] : flagged) {
+    int hits = 0, total = 0;
+    for (const auto& [name, n] : cases) {
+      std::printf("%-8.2f %-40s %d/%d\n", f, name.c_str(), n, trials);
+      hits += n;
+      total += trials;
+    }
+    const double rate = total ? static_cast<double>(hits) / total : 0;
+    if (f == 1.0) {
+      std::printf("  false-alarm rate at 1.00x: %d/%d (target 0)\n", hits, total);
+      pass = pass && hits == 0;
+    } else {
+      const double target = f >= 1.25 ? 0.95 : f >= 1.10 ? 0.80 : 0.0;
+      std::printf("  detection rate at %.2fx: %d/%d = %.0f%% (target %.0f%%)\n", f, hits, total, 100 * rate, 100 * target);
+      pass = pass && rate >= target;
+    }
+    if (other[f]) std::printf("  %d non-time regression(s) at %.2fx (memory or error: must be 0)\n", other[f], f);
+    if (unstable[f]) std::printf("  %d time check(s) still unstable after a retry\n", unstable[f]);
+    pass = pass && other[f] == 0;
+  }
+  std::printf("gate-selftest: %s\n", pass ? "pass" : "FAIL");
+  return pass ? 0 : 1;
 }
 
 int cmd_report(const Args& a) {
@@ -348,12 +539,18 @@ int main(int argc, char** argv) {
       return cmd_run(Args(argc, argv, 2,
                           {"--suite", "--profile", "--backend", "--out", "--capacity", "--repetitions", "--filter",
                            "--set", "--suites-dir"},
-                          {"--quiet"}));
-    if (cmd == "compare")
-      return cmd_compare(Args(argc, argv, 2,
-                              {"--time", "--memory-tolerance", "--error-ratio", "--error-floor", "--error-floor-u", "--alpha",
-                               "--min-effect", "--markdown", "--json"},
-                              {"--allow-missing"}));
+                          {"--quiet", "--no-probe"}));
+    if (cmd == "compare") return cmd_compare(Args(argc, argv, 2, kCompareValued, {"--allow-missing"}));
+    if (cmd == "ab") {
+      auto valued = kCompareValued;
+      for (const char* k : {"--baseline-bin", "--candidate-bin", "--baseline-env", "--candidate-env", "--runs",
+                            "--retries", "--out-dir", "--suite", "--profile", "--backend", "--filter", "--set",
+                            "--repetitions", "--suites-dir", "--capacity"})
+        valued.push_back(k);
+      return cmd_ab(Args(argc, argv, 2, valued, {"--allow-missing"}));
+    }
+    if (cmd == "gate-selftest")
+      return cmd_gate_selftest(Args(argc, argv, 2, {"--trials", "--runs", "--slowdowns", "--out-dir"}, {}));
     if (cmd == "report") return cmd_report(Args(argc, argv, 2, {"--baseline", "-o"}, {}));
     if (cmd == "tune") return cmd_tune(Args(argc, argv, 2, {}, {}));
     if (cmd == "probe") return cmd_probe(Args(argc, argv, 2, {"--backend", "--out"}, {}));

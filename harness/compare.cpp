@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "common/dtype.hpp"
@@ -68,11 +69,10 @@ std::string machine_class_of(const LoadedResults& r, const std::string& backend)
   return mc.is_object() && mc.contains(backend) && mc[backend].is_string() ? mc[backend].get<std::string>() : "";
 }
 
-// Smallest two-sided p an exact U test can reach with these sample sizes: 2 / C(n1 + n2, n1).
-double min_possible_p(std::size_t n1, std::size_t n2) {
-  double c = 1;
-  for (std::size_t i = 1; i <= n1; ++i) c = c * static_cast<double>(n2 + i) / static_cast<double>(i);
-  return std::min(1.0, 2.0 / c);
+const Summary* find_case(const LoadedResults& r, const std::string& name) {
+  for (const auto& s : r.cases)
+    if (s.name == name) return &s;
+  return nullptr;
 }
 
 // One declared metric against the baseline, by its rule (see compare.hpp).
@@ -107,16 +107,66 @@ CompareRow judge_declared(const std::string& name, const std::string& k, const J
 
 }  // namespace
 
+RunTime summarize_run(const Summary& s, const CompareOptions& o) {
+  RunTime r;
+  r.median = stats::median(s.times_s);
+  const double cv = stats::cv(s.times_s);
+  if (cv > o.max_cv) {
+    r.stable = false;
+    r.why = fmt("repetitions spread %.0f%%", 100 * cv) + fmt(" (coefficient of variation above %.0f%%)", 100 * o.max_cv);
+    return r;
+  }
+  // Process CPU time over wall time per repetition: on the CPU a repetition whose share fell far below
+  // the run's best lost its cores to another process.
+  if (s.backend == "cpu" && s.cpu_times_s.size() == s.times_s.size() && s.times_s.size() > 1) {
+    double best = 0, worst = HUGE_VAL;
+    for (std::size_t i = 0; i < s.times_s.size(); ++i) {
+      if (!(s.times_s[i] > 0)) continue;
+      const double share = s.cpu_times_s[i] / s.times_s[i];
+      best = std::max(best, share);
+      worst = std::min(worst, share);
+    }
+    if (best > 0 && worst < o.min_cpu_share * best) {
+      r.stable = false;
+      r.why = fmt("pre-empted: CPU/wall fell to %.2f", worst) + fmt(" in one repetition against %.2f in the best", best);
+    }
+  }
+  return r;
+}
+
 CompareResult compare_results(const LoadedResults& base, const LoadedResults& cur, const CompareOptions& o) {
+  return compare_runs({base}, {cur}, o);
+}
+
+CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const std::vector<LoadedResults>& cur_runs,
+                           const CompareOptions& o) {
+  if (base_runs.empty() || cur_runs.empty()) throw Error("compare: each side needs at least one results file");
+  const LoadedResults& base = base_runs.front();
+  const LoadedResults& cur = cur_runs.front();
   CompareResult R;
   R.baseline_path = base.path.string();
   R.current_path = cur.path.string();
   R.time_gate = o.time_gate;
+  R.baseline_runs = static_cast<int>(base_runs.size());
+  R.current_runs = static_cast<int>(cur_runs.size());
+  std::vector<std::pair<std::regex, double>> effects;
+  for (const auto& [pattern, f] : o.min_effect_for) {
+    try {
+      effects.emplace_back(std::regex(pattern, std::regex::ECMAScript), f);
+    } catch (const std::regex_error& e) {
+      throw Error("minimum effect pattern '" + pattern + "' is not a valid regular expression: " + e.what());
+    }
+  }
+  auto min_effect_of = [&](const std::string& name) {
+    for (const auto& [re, f] : effects)
+      if (std::regex_search(name, re)) return f;
+    return o.time_min_effect;
+  };
   std::map<std::string, const Summary*> cur_by_name;
   for (const auto& s : cur.cases) cur_by_name[s.name] = &s;
   std::set<std::string> base_names;
   std::set<std::string> noted_backends;
-  bool warned_reps = false;
+  bool warned_runs = false;
 
   auto add = [&](CompareRow row) {
     ++R.checks;
@@ -170,6 +220,36 @@ CompareResult compare_results(const LoadedResults& base, const LoadedResults& cu
         } else if (d < 0) {
           row.verdict = "improved";
         }
+        // Exact and repeatable: every current run must have recorded the same figure.
+        for (std::size_t r = 1; r < cur_runs.size() && !row.regression; ++r)
+          if (const Summary* other = find_case(cur_runs[r], b.name); other && other->status == "ok") {
+            const auto o_it = other->counters.find(k);
+            if (o_it != other->counters.end() && o_it->second != cv) {
+              row.verdict = "regression";
+              row.regression = true;
+              row.detail = "not repeatable: " + cur_runs[r].path.filename().string() + fmt(" recorded %.0f B", o_it->second);
+            }
+          }
+        add(row);
+      } else if (k == "untracked_bytes") {
+        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        if (!have || !std::isfinite(cv)) {
+          row.verdict = "not_compared";
+          row.detail = "not recorded in the current run (no heap probe in this build)";
+        } else {
+          row.change = (cv >= bv ? "+" : "") + fmt("%.0f B", cv - bv);
+          // Library buffers that depend on the thread count (OpenBLAS's threaded path: 512 KiB plus about
+          // 1 KiB per thread) may differ between machines: a quarter of the baseline's figure is allowed too.
+          const double allowance = std::max(o.untracked_allowance_bytes, 0.25 * bv);
+          if (cv - bv > allowance) {
+            row.verdict = "regression";
+            row.regression = true;
+            row.detail = "heap allocated outside the tracked pools grew by " + format_bytes(cv - bv) + " (allowance " +
+                         format_bytes(allowance) + ")";
+          } else if (cv < bv) {
+            row.verdict = "improved";
+          }
+        }
         add(row);
       } else if (is_error_metric(k)) {
         CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
@@ -215,13 +295,38 @@ CompareResult compare_results(const LoadedResults& base, const LoadedResults& cu
         if (gate != "report" && gate != "time") add(judge_declared(b.name, k, *m, bv, cv, have));
       }
     }
+    // Counters the baseline does not have: listed (a new peak tag, a new metric).
+    for (const auto& [k, cv] : c.counters)
+      if (!b.counters.count(k)) {
+        CompareRow row{b.name, k, nullptr, num(cv), "", "new_metric", "not in the baseline", false};
+        if (k == "untracked_bytes" && cv > o.untracked_allowance_bytes)
+          row.detail += "; " + format_bytes(cv) + " allocated outside the tracked pools";
+        if (k != "error_ok") add(row);
+      }
     // A verdict against the oracle that fails now where the baseline did not record one.
     if (!b.counters.count("error_ok") && c.counters.count("error_ok") && c.counters.at("error_ok") == 0)
       add({b.name, "error_ok", nullptr, 0, "", "regression",
            "the error is outside the technique's rule against the float64 oracle: " + c.detail, true});
 
-    // Time.
-    if (b.times_s.empty() || c.times_s.empty()) continue;
+    // Time, over the runs of each side.
+    std::vector<double> bt, ct;
+    int dropped = 0;
+    std::string why;
+    auto collect = [&](const std::vector<LoadedResults>& runs, std::vector<double>& out) {
+      for (const auto& run : runs) {
+        const Summary* s = find_case(run, b.name);
+        if (!s || s->status != "ok" || s->times_s.empty()) continue;
+        const RunTime t = summarize_run(*s, o);
+        if (t.stable) out.push_back(t.median);
+        else {
+          ++dropped;
+          if (why.empty()) why = run.path.filename().string() + ": " + t.why;
+        }
+      }
+    };
+    collect(base_runs, bt);
+    collect(cur_runs, ct);
+    if (bt.empty() && ct.empty() && !dropped) continue;
     const std::string mb = machine_class_of(base, b.backend), mc = machine_class_of(cur, c.backend);
     if (mb.empty() || mb != mc) {
       R.same_machine_class = false;
@@ -231,26 +336,44 @@ CompareResult compare_results(const LoadedResults& base, const LoadedResults& cu
       add({b.name, "time", nullptr, nullptr, "", "not_compared", "different machine class", false});
       continue;
     }
-    const double mp = min_possible_p(b.times_s.size(), c.times_s.size());
-    if (mp >= o.time_alpha && !warned_reps) {
-      warned_reps = true;
-      R.notes.push_back(fmt("too few repetitions for the time test: with these sample sizes the smallest possible "
-                            "p is %.3g, not below alpha",
-                            mp) +
-                        fmt(" = %.3g; record more repetitions", o.time_alpha));
+    if (bt.empty() || ct.empty()) {
+      R.unstable.push_back(b.name);
+      add({b.name, "time", nullptr, nullptr, "", "unstable", "no stable run on one side (" + why + ")", false});
+      continue;
     }
-    const double mb_t = stats::median(b.times_s), mc_t = stats::median(c.times_s);
-    const auto mw = stats::mann_whitney_u(b.times_s, c.times_s);
-    const double ratio = mc_t / mb_t;
-    CompareRow row{b.name, "time", num(mb_t), num(mc_t), fmt("%+.1f%%", 100 * (ratio - 1)), "ok",
-                   fmt("median %.4g s", mb_t) + fmt(" -> %.4g s", mc_t) + fmt(", p = %.3g", mw.p_two_sided), false};
-    const bool significant = mw.p_two_sided < o.time_alpha;
-    if (significant && ratio > 1 + o.time_min_effect) {
-      row.verdict = o.time_gate ? "regression" : "slower";
-      row.regression = o.time_gate;
-      if (!o.time_gate) row.detail += " (time is report-only)";
-    } else if (significant && ratio < 1 / (1 + o.time_min_effect)) {
+    const double effect = min_effect_of(b.name);
+    const auto t = stats::compare_runs(bt, ct);
+    CompareRow row{b.name, "time", num(t.baseline_median), num(t.candidate_median), fmt("%+.1f%%", 100 * (t.ratio - 1)),
+                   "ok",
+                   fmt("median of run medians %.4g s", t.baseline_median) + fmt(" (%zu runs)", bt.size()) +
+                       fmt(" -> %.4g s", t.candidate_median) + fmt(" (%zu runs)", ct.size()) + fmt(", p = %.3g", t.p),
+                   false};
+    if (dropped) row.detail += fmt(", %.0f unstable run(s) left out", dropped);
+    const bool testable = t.min_p < o.time_alpha, significant = testable && t.p < o.time_alpha;
+    if (!testable && !warned_runs) {
+      warned_runs = true;
+      R.notes.push_back(fmt("time is listed, not gated: with %zu baseline and ", bt.size()) +
+                        fmt("%zu current run(s) the smallest possible p is ", ct.size()) + fmt("%.3g, not below ", t.min_p) +
+                        fmt("alpha = %.3g; time gates on independent runs (memtrade ab --runs 5)", o.time_alpha));
+    }
+    if (t.ratio > 1 + effect) {
+      if (significant && o.time_gate) {
+        row.verdict = "regression";
+        row.regression = true;
+      } else if (significant) {
+        row.verdict = "slower";
+        row.detail += " (time is report-only)";
+      } else if (dropped) {
+        row.verdict = "unstable";
+        R.unstable.push_back(b.name);
+        row.detail += "; not significant without the unstable runs (" + why + ")";
+      } else {
+        row.verdict = "slower";
+        row.detail += testable ? " (not significant)" : " (not gated: too few runs)";
+      }
+    } else if (t.ratio < 1 / (1 + effect)) {
       row.verdict = "faster";
+      if (!significant) row.detail += testable ? " (not significant)" : " (too few runs to test)";
     }
     add(row);
   }
@@ -268,8 +391,10 @@ static std::string cell(const Json& j) {
 
 std::string format_compare(const CompareResult& r, bool md) {
   std::vector<const CompareRow*> shown;
+  std::map<std::string, int> new_metrics;  // summarized in one line each: a new counter appears in many cases
   for (const auto& row : r.rows)
-    if (row.verdict != "ok") shown.push_back(&row);
+    if (row.verdict == "new_metric" && !row.detail.empty() && row.detail == "not in the baseline") ++new_metrics[row.metric];
+    else if (row.verdict != "ok") shown.push_back(&row);
   std::stable_sort(shown.begin(), shown.end(), [](auto* a, auto* b) { return a->regression > b->regression; });
   std::string out;
   char line[1024];
@@ -290,8 +415,15 @@ std::string format_compare(const CompareResult& r, bool md) {
     }
   }
   for (const auto& n : r.notes) out += (md ? "> note: " : "note: ") + n + "\n";
-  std::snprintf(line, sizeof line, "%s%d regression(s) in %d checks (time %s)%s\n", md ? "\n" : "", r.regressions,
-                r.checks, r.time_gate ? "gates" : "report-only", r.regressions ? "" : ": clean");
+  if (!new_metrics.empty()) {
+    out += md ? "> note: counters the baseline lacks (listed, not compared):" : "note: counters the baseline lacks (listed, not compared):";
+    for (const auto& [m, n] : new_metrics) out += " " + m + " (" + std::to_string(n) + " cases)";
+    out += "\n";
+  }
+  std::snprintf(line, sizeof line, "%s%d regression(s) in %d checks (time %s; %d baseline and %d current run(s))%s%s\n",
+                md ? "\n" : "", r.regressions, r.checks, r.time_gate ? "gates" : "report-only", r.baseline_runs,
+                r.current_runs, r.unstable.empty() ? "" : (", " + std::to_string(r.unstable.size()) + " unstable").c_str(),
+                r.regressions ? "" : ": clean");
   out += line;
   return out;
 }
@@ -305,6 +437,9 @@ Json compare_to_json(const CompareResult& r) {
   j["notes"] = r.notes;
   j["regressions"] = r.regressions;
   j["checks"] = r.checks;
+  j["baseline_runs"] = r.baseline_runs;
+  j["current_runs"] = r.current_runs;
+  j["unstable"] = r.unstable;
   Json rows = Json::array();
   for (const auto& row : r.rows)
     rows.push_back({{"name", row.name}, {"metric", row.metric}, {"baseline", row.baseline}, {"current", row.current},

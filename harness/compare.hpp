@@ -11,8 +11,18 @@
 //     declared rule: exact (any change in the worse direction), ratio (beyond ratio x baseline and the
 //     floor, in the worse direction), bound (past the floor), zero (must stay 0); time and report
 //     metrics are not compared (throughput follows time, which is tested on run medians).
-//   time: two-sided Mann-Whitney U over the repetitions, a regression when p < alpha AND the median
-//     slowed by more than the minimum effect; only against a baseline of the same machine class.
+//   time: judged on independent runs, never on the repetitions inside one run. Each side may be
+//     several results files (runs of one build, e.g. from `memtrade ab`); a case's time in a run is
+//     the median of its repetitions. A run whose repetitions spread too wide (coefficient of
+//     variation above max_cv) or whose process got far less CPU in one repetition than in its best
+//     (pre-empted: CPU/wall below min_cpu_share of the run's highest) is `unstable` and left out. A
+//     regression needs both a two-sided Mann-Whitney U test over the run medians with p < alpha and
+//     a median slowdown above the minimum effect; with too few runs for that p (one file per side)
+//     time is listed, never gated. Only against a baseline of the same machine class.
+//   untracked_bytes (CPU heap allocated outside the tracked pools during the measured call): growth
+//     beyond untracked_allowance_bytes or a quarter of the baseline's figure, whichever is larger, is a
+//     regression (library buffers that follow the thread count differ a little between machines).
+//   new counters (a new peak tag, a metric the baseline lacks) are listed as new_metric.
 //   status: ok -> oom/error/skipped is a regression; missing cases are regressions unless allowed.
 //   choice: a case whose choice_* counter (a dispatcher's decision) differs from the baseline's ran a
 //     different implementation; it is listed as not compared.
@@ -28,19 +38,34 @@ namespace memtrade {
 struct CompareOptions {
   bool time_gate = true;             // false: time differences are reported, never regressions
   double memory_tolerance_bytes = 0;  // growth allowed per memory metric
+  double untracked_allowance_bytes = 64 * 1024;  // growth allowed of untracked_bytes
   double error_ratio = 2.0;
   double error_floor = 0;     // absolute floor of rel_l2_err growth
   double error_floor_u = 2;   // ... and in unit roundoffs of the case dtype
   double time_alpha = 0.01;
-  double time_min_effect = 0.10;  // 10% slower median
+  double time_min_effect = 0.05;  // 5% slower median of the run medians
+  // Per-case minimum effects: the first pattern (ECMAScript regex, searched in the case name) that
+  // matches sets it.
+  std::vector<std::pair<std::string, double>> min_effect_for;
+  double max_cv = 0.25;         // a run whose repetitions spread wider is unstable
+  double min_cpu_share = 0.5;   // a CPU repetition with CPU/wall below this share of the run's best was pre-empted
   bool allow_missing = false;
 };
+
+// One case's time in one run: the median of its repetitions, and whether the run is usable.
+struct RunTime {
+  double median = 0;
+  bool stable = true;
+  std::string why;  // why not stable
+};
+RunTime summarize_run(const Summary& s, const CompareOptions& o);
 
 struct CompareRow {
   std::string name, metric;
   Json baseline, current;
   std::string change;   // "+12.5%", "+4096 B", ...
-  std::string verdict;  // ok | regression | improved | slower | faster | missing | new | status_changed | not_compared
+  std::string verdict;  // ok | regression | improved | slower | faster | unstable | changed | still_failing | missing |
+                        // new | new_metric | status_changed | not_compared
   std::string detail;
   bool regression = false;
 };
@@ -53,8 +78,14 @@ struct CompareResult {
   std::vector<CompareRow> rows;    // every check made, ok ones included
   int regressions = 0;
   int checks = 0;
+  int baseline_runs = 1, current_runs = 1;
+  std::vector<std::string> unstable;  // cases whose time verdict needs more stable runs
 };
 
+// Several runs per side: memory, error and counters from the first run of each (memory must be equal
+// in every current run), time from all of them.
+CompareResult compare_runs(const std::vector<LoadedResults>& baseline, const std::vector<LoadedResults>& current,
+                           const CompareOptions& opts);
 CompareResult compare_results(const LoadedResults& baseline, const LoadedResults& current, const CompareOptions& opts);
 // The non-ok rows as a table (terminal or GitHub markdown), with a summary line.
 std::string format_compare(const CompareResult& r, bool markdown);

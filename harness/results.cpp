@@ -145,13 +145,14 @@ Json record_entries(const Record& r) {
     e["threads"] = 1;
     e["iterations"] = r.iterations.at(i);
     e["real_time"] = r.times_s[i] * 1e9;
-    e["cpu_time"] = r.times_s[i] * 1e9;
+    e["cpu_time"] = (i < static_cast<int>(r.cpu_times_s.size()) ? r.cpu_times_s[i] : r.times_s[i]) * 1e9;
     e["time_unit"] = "ns";
     out.push_back(e);
   }
   const double med = stats::median(r.times_s), mu = stats::mean(r.times_s);
   const double sd = n > 1 ? stats::stddev(r.times_s) : 0.0;
   const std::pair<const char*, double> aggs[] = {{"mean", mu}, {"median", med}, {"stddev", sd}, {"cv", mu > 0 ? sd / mu : 0}};
+  const bool have_cpu = r.cpu_times_s.size() == r.times_s.size();
   for (const auto& [agg, v] : aggs) {
     Json e = base;
     e["name"] = r.name + "_" + agg;
@@ -162,6 +163,8 @@ Json record_entries(const Record& r) {
     e["threads"] = 1;
     e["real_time"] = std::string(agg) == "cv" ? v : v * 1e9;
     e["cpu_time"] = e["real_time"];
+    if (have_cpu && std::string(agg) == "median") e["cpu_time"] = stats::median(r.cpu_times_s) * 1e9;
+    if (have_cpu && std::string(agg) == "mean") e["cpu_time"] = stats::mean(r.cpu_times_s) * 1e9;
     e["time_unit"] = "ns";
     out.push_back(e);
   }
@@ -218,6 +221,7 @@ LoadedResults load_results(const std::filesystem::path& path) {
   L.context = doc.value("context", Json::object());
   if (doc.contains("claims") && doc["claims"].is_array()) L.claims = doc["claims"];
   std::map<std::string, std::size_t> index;
+  std::vector<std::map<std::string, std::vector<double>>> values;  // per case: counter -> one value per entry
   for (const auto& e : doc["benchmarks"]) {
     if (!e.is_object() || !e.contains("name") || !e["name"].is_string())
       throw fail("a benchmark entry without a string 'name'");
@@ -234,23 +238,40 @@ LoadedResults load_results(const std::filesystem::path& path) {
       s.status = e.value("status", e.value("error_occurred", false) ? "error" : "ok");
       s.detail = e.value("status_detail", e.value("error_message", ""));
       if (e.contains("case") && e["case"].is_object()) s.params = e["case"];
-      static const std::set<std::string> skip_keys = {"repetitions", "repetition_index", "threads", "iterations",
-                                                      "real_time", "cpu_time", "x", "family_index",
-                                                      "per_family_instance_index"};
-      for (const auto& [k, v] : e.items()) {
-        if (skip_keys.count(k)) continue;
-        if (v.is_number()) s.counters[k] = v.get<double>();
-        else if (v.is_null()) s.counters[k] = std::nan("");
-      }
       L.cases.push_back(std::move(s));
+      values.emplace_back();
     }
     Summary& s = L.cases[it->second];
+    // Every repetition entry is read: a counter's value is the median over the entries that carry it
+    // (memtrade writes the same value into each; Google Benchmark's own counters vary per repetition).
+    static const std::set<std::string> skip_keys = {"repetitions", "repetition_index", "threads", "iterations",
+                                                    "real_time", "cpu_time", "x", "family_index",
+                                                    "per_family_instance_index"};
+    for (const auto& [k, v] : e.items()) {
+      if (skip_keys.count(k)) continue;
+      if (v.is_number()) values[it->second][k].push_back(v.get<double>());
+      else if (v.is_null()) values[it->second][k].push_back(std::nan(""));
+    }
     if (s.status == "ok" && e.contains("real_time")) {
-      if (!e["real_time"].is_number()) throw fail("benchmark '" + name + "' has a non-numeric real_time");
-      const std::string unit = e.value("time_unit", "ns");
-      const double scale = unit == "ns" ? 1e-9 : unit == "us" ? 1e-6 : unit == "ms" ? 1e-3 : unit == "s" ? 1.0 : -1.0;
-      if (scale < 0) throw fail("benchmark '" + name + "' has an unknown time_unit '" + unit + "'");
-      s.times_s.push_back(e["real_time"].get<double>() * scale);
+      auto seconds = [&](const char* key) {
+        if (!e[key].is_number()) throw fail("benchmark '" + name + "' has a non-numeric " + key);
+        const std::string unit = e.value("time_unit", "ns");
+        const double scale = unit == "ns" ? 1e-9 : unit == "us" ? 1e-6 : unit == "ms" ? 1e-3 : unit == "s" ? 1.0 : -1.0;
+        if (scale < 0) throw fail("benchmark '" + name + "' has an unknown time_unit '" + unit + "'");
+        return e[key].get<double>() * scale;
+      };
+      s.times_s.push_back(seconds("real_time"));
+      if (e.contains("cpu_time")) s.cpu_times_s.push_back(seconds("cpu_time"));
+    }
+  }
+  for (std::size_t i = 0; i < L.cases.size(); ++i) {
+    Summary& s = L.cases[i];
+    if (s.cpu_times_s.size() != s.times_s.size()) s.cpu_times_s.clear();
+    for (auto& [k, vs] : values[i]) {
+      // NaN (null) in any entry stays NaN: a non-finite value must not be hidden by a median.
+      bool nan = false;
+      for (double v : vs) nan = nan || std::isnan(v);
+      s.counters[k] = nan ? std::nan("") : stats::median(vs);
     }
   }
   return L;

@@ -2,9 +2,13 @@
 
 #include <benchmark/benchmark.h>
 
+#include <time.h>
+
 #include <cmath>
 #include <cstdio>
 #include <regex>
+
+#include "harness/heap_probe.hpp"
 
 #include "harness/probe.hpp"
 #include "harness/stats.hpp"
@@ -26,12 +30,47 @@ class Collector final : public benchmark::BenchmarkReporter {
 
 constexpr int kColdCallsPerRepetition = 10;
 
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// One invocation of the benchmark function: Google Benchmark makes several per repetition (growing
+// the iteration count) and reports the last.
+struct Invocation {
+  int64_t iterations = 0;
+  double wall_s = 0, cpu_s = 0;
+};
+
+// A heap probe window that closes even when the call throws.
+struct HeapWindow {
+  bool on;
+  explicit HeapWindow(bool open) : on(open) {
+    if (on) heap_probe::begin();
+  }
+  std::size_t close() {
+    if (!on) return 0;
+    on = false;
+    return heap_probe::end();
+  }
+  ~HeapWindow() { close(); }
+};
+
 void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, double min_time_s, bool cold) {
+  std::vector<Invocation> calls;
   auto* b = benchmark::RegisterBenchmark(rec.name.c_str(), [&](benchmark::State& st) {
+    Invocation inv;
     for (auto _ : st) {
       if (cold) dev.flush_caches();  // outside the timed region
-      st.SetIterationTime(dev.time_call([&] { w.run(); }));
+      const double c0 = process_cpu_s();
+      const double t = dev.time_call([&] { w.run(); });
+      inv.cpu_s += process_cpu_s() - c0;
+      inv.wall_s += t;
+      ++inv.iterations;
+      st.SetIterationTime(t);
     }
+    calls.push_back(inv);
   });
   b->UseManualTime()->Repetitions(repetitions)->Unit(benchmark::kNanosecond);
   // Cold-cache calls: a fixed number per repetition. min_time counts only the timed calls, so a short
@@ -42,10 +81,18 @@ void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, do
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::ClearRegisteredBenchmarks();
+  std::size_t next = 0;
   for (const auto& r : collector.runs_) {
     if (r.error_occurred) throw Error("timing failed: " + r.error_message);
     rec.times_s.push_back(r.GetAdjustedRealTime() * 1e-9);
     rec.iterations.push_back(r.iterations);
+    // The invocation behind this repetition: the next one with its iteration count and time.
+    while (next < calls.size() && !(calls[next].iterations == r.iterations &&
+                                    std::abs(calls[next].wall_s - r.real_accumulated_time) <= 1e-9 * calls[next].wall_s + 1e-15))
+      ++next;
+    if (next == calls.size()) throw Error("timing: no invocation matches a reported repetition");
+    rec.cpu_times_s.push_back(calls[next].cpu_s / static_cast<double>(r.iterations));
+    ++next;
   }
   if (rec.times_s.empty()) throw Error("timing produced no repetitions");
 }
@@ -122,8 +169,11 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     host.reset_peak();
     const std::size_t live_before = pool.total().live;
     const std::size_t host_before = host.total().live;
+    // On the CPU the heap probe counts what the call allocated outside the tracked pools.
+    HeapWindow heap(impl.backend == Backend::cpu && heap_probe::available());
     w->run();
     dev.synchronize();
+    if (heap.on) rec.counters["untracked_bytes"] = static_cast<double>(heap.close());
     const UsageStats total = pool.total();
     rec.counters["peak_bytes"] = static_cast<double>(total.peak);
     rec.counters["peak_extra_bytes"] = static_cast<double>(total.peak - live_before);
@@ -185,6 +235,7 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     rec.counters.clear();
   }
   rec.times_s.resize(rec.status == "ok" ? rec.times_s.size() : 0);
+  rec.cpu_times_s.resize(rec.times_s.size());
   return rec;
 }
 
@@ -308,9 +359,9 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       cuda_reason = e.what();
     }
   }
-  if (opts.verbose) std::printf("memtrade: measuring machine ceilings...\n");
-  if (cpu) info.ceilings = probe_cpu();
-  if (cuda)
+  if (opts.verbose && opts.probe) std::printf("memtrade: measuring machine ceilings...\n");
+  if (cpu && opts.probe) info.ceilings = probe_cpu();
+  if (cuda && opts.probe)
     for (const auto& [k, v] : probe_cuda()) info.ceilings[k] = v;
   ResultsWriter writer(opts.out, build_context(info));
   RunSummary sum;

@@ -34,6 +34,7 @@ struct RunOptions {
   // case of the selected suites' profile; cases that become equal run once.
   std::vector<std::pair<std::string, Json>> overrides;
   bool verbose = true;
+  bool probe = true;  // measure the machine's GEMM and copy ceilings first (frac_of_* counters need them)
 };
 
 struct RunSummary {

@@ -78,6 +78,31 @@ double stddev(const std::vector<double>& v) {
   return std::sqrt(ss / static_cast<double>(v.size() - 1));
 }
 
+double min_possible_p(std::size_t n1, std::size_t n2) {
+  double c = 1;
+  for (std::size_t i = 1; i <= n1; ++i) c = c * static_cast<double>(n2 + i) / static_cast<double>(i);
+  return std::min(1.0, 2.0 / c);
+}
+
+double cv(const std::vector<double>& v) {
+  if (v.size() < 2) {
+    check_sample(v, "cv");
+    return 0;
+  }
+  const double m = mean(v);
+  return m != 0 ? stddev(v) / std::abs(m) : 0;
+}
+
+RunComparison compare_runs(const std::vector<double>& a, const std::vector<double>& b) {
+  RunComparison r{};
+  r.baseline_median = median(a);
+  r.candidate_median = median(b);
+  r.ratio = r.candidate_median / r.baseline_median;
+  r.p = mann_whitney_u(a, b).p_two_sided;
+  r.min_p = min_possible_p(a.size(), b.size());
+  return r;
+}
+
 MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.empty() || b.empty()) throw Error("mann_whitney_u: both samples must be non-empty");
   for (const auto* s : {&a, &b})

@@ -23,4 +23,22 @@ struct MannWhitney {
 // corrections. Infinite values are allowed (they just rank first or last).
 MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<double>& b);
 
+// Smallest two-sided p an exact U test can reach with samples of these sizes: 2 / C(n1 + n2, n1).
+double min_possible_p(std::size_t n1, std::size_t n2);
+
+// Coefficient of variation (sample stddev / mean); 0 for a single value.
+double cv(const std::vector<double>& v);
+
+// Time of two builds, each measured by independent runs (one value per run, e.g. the run's median):
+// the effect is the ratio of the medians of the runs (candidate / baseline), the significance the
+// two-sided Mann-Whitney U test over the runs. Repetitions inside one run are not independent
+// samples of what varies between runs (placement, frequency, the neighbours' load), so the test is
+// never made on them.
+struct RunComparison {
+  double baseline_median, candidate_median, ratio;
+  double p;      // two-sided Mann-Whitney U over the run values
+  double min_p;  // the smallest p these sample sizes allow; no verdict is possible when min_p >= alpha
+};
+RunComparison compare_runs(const std::vector<double>& baseline_runs, const std::vector<double>& candidate_runs);
+
 }  // namespace memtrade::stats

@@ -213,7 +213,7 @@ class Case:
 
 
 def _is_counter(key):
-    return (key in ("peak_bytes", "peak_extra_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
+    return (key in ("peak_bytes", "peak_extra_bytes", "untracked_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
                     "nan_count", "inf_count", "tflops", "gbytes_per_s")
             or key in {k for k, _, _ in DOMAIN_COUNTERS}
             or key.startswith(("peak_bytes_", "frac_of_", "curve_")))
@@ -562,10 +562,11 @@ def cases_table(series):
             rows.append([esc(c.case_id), esc(c.impl), esc(c.role), esc(c.backend), (st, f"st-{esc(c.status)}"),
                          (esc(fmt_bytes(c.counters.get("peak_bytes"))), "num"),
                          (esc(fmt_bytes(c.counters.get("peak_extra_bytes"))), "num"),
+                         (esc(fmt_bytes(c.counters.get("untracked_bytes"))), "num"),
                          (t_html, "num"), throughput_cell(c),
                          err_cell(c, "max_abs_err"), err_cell(c, "rel_l2_err")])
     return table(["case", "impl", "role", "backend", "status", "peak bytes", "extra bytes",
-                  "median time", "throughput", "max_abs_err", "rel_l2_err"], rows)
+                  "untracked heap", "median time", "throughput", "max_abs_err", "rel_l2_err"], rows)
 
 
 # Technique-specific figures shown in a second table when any case of the technique has them.

@@ -29,6 +29,27 @@ LoadedResults sample(const std::string& machine = "cpu|test machine|2 cores") {
   return r;
 }
 
+// k independent runs of one build: each run's times are the sample's, shifted by a run-level factor
+// (what varies between processes) times `factor` (a real slowdown).
+std::vector<LoadedResults> runs(int k, double factor, unsigned seed = 1) {
+  std::vector<LoadedResults> out;
+  for (int i = 0; i < k; ++i) {
+    auto r = sample();
+    r.path = "run-" + std::to_string(seed) + "-" + std::to_string(i) + ".json";
+    const double run_shift = 1 + 0.02 * (((i + 3 * static_cast<int>(seed)) * 5) % 7) / 6.0;  // 0..2% per run
+    for (auto& c : r.cases)
+      for (auto& t : c.times_s) t *= run_shift * factor;
+    out.push_back(r);
+  }
+  return out;
+}
+
+const CompareRow* row_of(const CompareResult& r, const std::string& name, const std::string& metric) {
+  for (const auto& row : r.rows)
+    if (row.name == name && row.metric == metric) return &row;
+  return nullptr;
+}
+
 int regressions_named(const CompareResult& r, const std::string& name, const std::string& metric) {
   int n = 0;
   for (const auto& row : r.rows) n += row.regression && row.name == name && row.metric == metric;
@@ -59,44 +80,122 @@ TEST(Compare, OneByteOfMemoryGrowthIsARegression) {
   EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 0);
 }
 
-TEST(Compare, DoubledTimesAreARegressionOnlyWhenTimeGates) {
-  auto cur = sample();
-  for (auto& t : cur.cases[0].times_s) t *= 2;
-  const auto gated = compare_results(sample(), cur, {});
+TEST(Compare, DoubledTimesOverFiveRunsAreARegressionOnlyWhenTimeGates) {
+  const auto gated = compare_runs(runs(5, 1.0), runs(5, 2.0, 2), {});
   EXPECT_EQ(regressions_named(gated, "gemm/n=64,dtype=fp32/openblas", "time"), 1);
-  EXPECT_EQ(gated.regressions, 1);
+  EXPECT_EQ(gated.regressions, 2);  // both cases slowed
+  EXPECT_EQ(gated.current_runs, 5);
   CompareOptions report_only;
   report_only.time_gate = false;
-  const auto r = compare_results(sample(), cur, report_only);
+  const auto r = compare_runs(runs(5, 1.0), runs(5, 2.0, 2), report_only);
   EXPECT_EQ(r.regressions, 0);
-  bool slower = false;
-  for (const auto& row : r.rows) slower |= row.verdict == "slower";
-  EXPECT_TRUE(slower);
+  EXPECT_EQ(row_of(r, "gemm/n=64,dtype=fp32/openblas", "time")->verdict, "slower");
+  // Faster is listed, never a regression.
+  EXPECT_EQ(compare_runs(runs(5, 2.0), runs(5, 1.0, 2), {}).regressions, 0);
 }
 
-TEST(Compare, SmallSignificantSlowdownBelowTheEffectSizeIsNotARegression) {
+TEST(Compare, IdenticalBuildsOverFiveRunsAreClean) {
+  EXPECT_EQ(compare_runs(runs(5, 1.0), runs(5, 1.0, 2), {}).regressions, 0);
+}
+
+TEST(Compare, ASlowdownBelowTheMinimumEffectIsNotARegression) {
+  // 4% slower in every run: significant (the runs separate completely) but under the 5% effect.
+  EXPECT_EQ(compare_runs(runs(5, 1.0), runs(5, 1.04, 1), {}).regressions, 0);
+  EXPECT_EQ(compare_runs(runs(5, 1.0), runs(5, 1.10, 1), {}).regressions, 2);
+  // A per-case minimum effect.
+  CompareOptions o;
+  o.min_effect_for = {{"n=64,", 0.2}};
+  const auto r = compare_runs(runs(5, 1.0), runs(5, 1.10, 1), o);
+  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "time"), 0);
+  EXPECT_EQ(regressions_named(r, "gemm/n=128,dtype=fp32/openblas", "time"), 1);
+  o.min_effect_for = {{"([", 0.2}};
+  EXPECT_THROW(compare_runs(runs(5, 1.0), runs(5, 1.10, 1), o), Error);
+}
+
+TEST(Compare, OneRunPerSideListsTimeButNeverGatesIt) {
+  // The repetitions inside one process are not independent samples of a build's speed.
   auto cur = sample();
-  for (auto& t : cur.cases[0].times_s) t *= 1.05;  // significant (all 9 slower) but only 5%
-  EXPECT_EQ(compare_results(sample(), cur, {}).regressions, 0);
+  for (auto& t : cur.cases[0].times_s) t *= 2;
+  const auto r = compare_results(sample(), cur, {});
+  EXPECT_EQ(r.regressions, 0);
+  EXPECT_EQ(row_of(r, "gemm/n=64,dtype=fp32/openblas", "time")->verdict, "slower");
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes[0].find("not gated"), std::string::npos) << r.notes[0];
+  // Three runs a side cannot reach p < 0.01 either (smallest p = 0.1).
+  EXPECT_EQ(compare_runs(runs(3, 1.0), runs(3, 2.0, 2), {}).regressions, 0);
 }
 
 TEST(Compare, TimeIsNotComparedAcrossMachineClasses) {
-  auto cur = sample("cpu|another machine|64 cores");
-  for (auto& t : cur.cases[0].times_s) t *= 3;
-  const auto r = compare_results(sample(), cur, {});
+  auto cur = runs(5, 3.0, 2);
+  for (auto& r : cur) r.context["memtrade"]["machine_class"]["cpu"] = "cpu|another machine|64 cores";
+  const auto r = compare_runs(runs(5, 1.0), cur, {});
   EXPECT_EQ(r.regressions, 0);
   EXPECT_FALSE(r.same_machine_class);
   ASSERT_FALSE(r.notes.empty());
   EXPECT_NE(r.notes[0].find("machine class"), std::string::npos);
 }
 
-TEST(Compare, TooFewRepetitionsAreFlagged) {
+TEST(Compare, SpreadOrPreemptedRunsAreUnstableNotRegressions) {
+  // A run whose repetitions spread wider than max_cv is left out.
+  Summary s = sample().cases[0];
+  EXPECT_TRUE(summarize_run(s, {}).stable);
+  s.times_s[0] *= 4;
+  const RunTime spread = summarize_run(s, {});
+  EXPECT_FALSE(spread.stable);
+  EXPECT_NE(spread.why.find("spread"), std::string::npos);
+  // A CPU repetition whose process got half the CPU of the best one was pre-empted.
+  s = sample().cases[0];
+  s.cpu_times_s = s.times_s;
+  EXPECT_TRUE(summarize_run(s, {}).stable);
+  s.cpu_times_s[2] = 0.3 * s.times_s[2];
+  const RunTime pre = summarize_run(s, {});
+  EXPECT_FALSE(pre.stable);
+  EXPECT_NE(pre.why.find("pre-empted"), std::string::npos);
+
+  // Two of five candidate runs unstable: the three left cannot reach p < 0.01 -> unstable, not a
+  // regression, and named for a retry.
+  auto cur = runs(5, 2.0, 2);
+  for (int i : {0, 1}) cur[i].cases[0].times_s[0] *= 10;
+  const auto r = compare_runs(runs(5, 1.0), cur, {});
+  EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "time"), 0);
+  EXPECT_EQ(row_of(r, "gemm/n=64,dtype=fp32/openblas", "time")->verdict, "unstable");
+  ASSERT_EQ(r.unstable.size(), 1u);
+  EXPECT_EQ(r.unstable[0], "gemm/n=64,dtype=fp32/openblas");
+  // The other case is unaffected.
+  EXPECT_EQ(regressions_named(r, "gemm/n=128,dtype=fp32/openblas", "time"), 1);
+}
+
+TEST(Compare, MemoryMustBeEqualInEveryCurrentRun) {
+  auto cur = runs(3, 1.0, 2);
+  cur[2].cases[1].counters["peak_bytes"] += 64;
+  const auto r = compare_runs(runs(3, 1.0), cur, {});
+  EXPECT_EQ(regressions_named(r, "gemm/n=128,dtype=fp32/openblas", "peak_bytes"), 1);
+  EXPECT_NE(row_of(r, "gemm/n=128,dtype=fp32/openblas", "peak_bytes")->detail.find("not repeatable"), std::string::npos);
+}
+
+TEST(Compare, UntrackedBytesGrowthBeyondTheAllowanceIsARegression) {
   auto base = sample(), cur = sample();
-  for (auto* r : {&base, &cur})
-    for (auto& c : r->cases) c.times_s.resize(3);
-  const auto r = compare_results(base, cur, {});
-  ASSERT_FALSE(r.notes.empty());
-  EXPECT_NE(r.notes[0].find("too few repetitions"), std::string::npos);
+  base.cases[0].counters["untracked_bytes"] = 524296;  // OpenBLAS's threaded buffer
+  cur.cases[0].counters["untracked_bytes"] = 524296 + 131072;
+  EXPECT_EQ(compare_results(base, cur, {}).regressions, 0);  // within a quarter of the baseline
+  base.cases[1].counters["untracked_bytes"] = 0;
+  cur.cases[1].counters["untracked_bytes"] = 65537;  // one byte past the 64 KiB allowance
+  EXPECT_EQ(regressions_named(compare_results(base, cur, {}), "gemm/n=128,dtype=fp32/openblas", "untracked_bytes"), 1);
+  cur.cases[1].counters["untracked_bytes"] = 65536;
+  cur.cases[0].counters["untracked_bytes"] = 524296 + 2 * 1048576;
+  EXPECT_EQ(regressions_named(compare_results(base, cur, {}), "gemm/n=64,dtype=fp32/openblas", "untracked_bytes"), 1);
+  CompareOptions loose;
+  loose.untracked_allowance_bytes = 4 << 20;
+  EXPECT_EQ(compare_results(base, cur, loose).regressions, 0);
+}
+
+TEST(Compare, CountersTheBaselineLacksAreListedAsNew) {
+  auto cur = sample();
+  cur.cases[0].counters["peak_bytes_kv"] = 4096;
+  const auto r = compare_results(sample(), cur, {});
+  EXPECT_EQ(r.regressions, 0);
+  ASSERT_NE(row_of(r, "gemm/n=64,dtype=fp32/openblas", "peak_bytes_kv"), nullptr);
+  EXPECT_EQ(row_of(r, "gemm/n=64,dtype=fp32/openblas", "peak_bytes_kv")->verdict, "new_metric");
 }
 
 TEST(Compare, ErrorGrowthNeedsRatioAndAFloorInUnitRoundoffs) {
@@ -200,6 +299,23 @@ TEST(Compare, MissingNewAndStatusChangedCasesAreListed) {
   EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "status"), 1);
   // oom -> ok is a change, not a regression.
   EXPECT_EQ(compare_results(cur, sample(), {}).regressions, 0);
+}
+
+TEST(Compare, EveryRepetitionEntryIsRead) {
+  const auto path = std::filesystem::temp_directory_path() / "memtrade_reps.json";
+  // Three repetition entries of one case: counters differ (as Google Benchmark's own do); the median
+  // is kept; a null in any entry stays NaN; cpu_time is read per repetition.
+  std::ofstream(path) << R"({"benchmarks": [
+    {"name": "a", "run_type": "iteration", "real_time": 10, "cpu_time": 20, "time_unit": "ns", "x_per_s": 5, "y": 1},
+    {"name": "a", "run_type": "iteration", "real_time": 12, "cpu_time": 22, "time_unit": "ns", "x_per_s": 9, "y": null},
+    {"name": "a", "run_type": "iteration", "real_time": 11, "cpu_time": 21, "time_unit": "ns", "x_per_s": 7, "y": 1},
+    {"name": "a_median", "run_type": "aggregate", "real_time": 11, "time_unit": "ns", "x_per_s": 100}]})";
+  const auto r = load_results(path);
+  ASSERT_EQ(r.cases.size(), 1u);
+  EXPECT_EQ(r.cases[0].counters.at("x_per_s"), 7);
+  EXPECT_TRUE(std::isnan(r.cases[0].counters.at("y")));
+  ASSERT_EQ(r.cases[0].cpu_times_s.size(), 3u);
+  EXPECT_DOUBLE_EQ(r.cases[0].cpu_times_s[1], 22e-9);
 }
 
 TEST(Compare, UnreadableFilesAreResultsErrorsNamingTheFile) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "harness/heap_probe.hpp"
 #include "harness/runner.hpp"
 #include "toy_technique.hpp"
 
@@ -76,6 +77,42 @@ TEST(Runner, PeakBytesAreExactAndRepeatable) {
     EXPECT_EQ(r.counter("rel_l2_err"), 0.0);
   }
   EXPECT_EQ(dev->memory().total().live, 0u);  // every workload freed what it took
+}
+
+TEST(Runner, HeapAllocatedOutsideTheTrackedPoolsIsRecorded) {
+  if (!heap_probe::available()) GTEST_SKIP() << "no heap probe in this build (sanitizers own malloc)";
+  const auto& tech = toy_registry().get("toy");
+  auto dev = make_cpu_device();
+  Case c = toy_case(20);
+  const auto clean = tech.prepare(c);
+  Record r = measure(tech, impl_named(tech, "reference"), c, *clean, *dev, 2, 1e-4, {});
+  ASSERT_EQ(r.status, "ok") << r.detail;
+  // The tracked scratch (and the pool's own bookkeeping) is not untracked memory.
+  EXPECT_EQ(r.counter("untracked_bytes", -1), 0.0);
+  c.params["untracked"] = 2 << 20;
+  const auto leaky = tech.prepare(c);
+  r = measure(tech, impl_named(tech, "reference"), c, *leaky, *dev, 2, 1e-4, {});
+  ASSERT_EQ(r.status, "ok") << r.detail;
+  EXPECT_GE(r.counter("untracked_bytes"), 2 << 20);
+  EXPECT_LT(r.counter("untracked_bytes"), (2 << 20) + 4096);
+  // The tracked peak does not see it.
+  EXPECT_EQ(r.counter("peak_extra_bytes"), 20 * sizeof(double));
+}
+
+TEST(Runner, CpuTimeIsMeasuredPerRepetitionNotCopiedFromWallTime) {
+  const auto& tech = toy_registry().get("toy");
+  auto dev = make_cpu_device();
+  const Case c = toy_case(1 << 16);
+  const auto problem = tech.prepare(c);
+  const Record r = measure(tech, impl_named(tech, "twice"), c, *problem, *dev, 3, 1e-3, {});
+  ASSERT_EQ(r.status, "ok") << r.detail;
+  ASSERT_EQ(r.cpu_times_s.size(), r.times_s.size());
+  bool differs = false;
+  for (std::size_t i = 0; i < r.times_s.size(); ++i) {
+    EXPECT_GT(r.cpu_times_s[i], 0);
+    differs |= r.cpu_times_s[i] != r.times_s[i];
+  }
+  EXPECT_TRUE(differs);
 }
 
 TEST(Runner, CapacityTooSmallIsRecordedAsOom) {

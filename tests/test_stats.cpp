@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "common/common.hpp"
@@ -165,4 +166,72 @@ TEST(MannWhitney, PValuesStayInRange) {
     EXPECT_EQ(ab.u + ba.u, 24.0);
     EXPECT_NEAR(ab.p_two_sided, ba.p_two_sided, 1e-15);
   }
+}
+
+// ---- time over independent runs (compare's time rule) ----
+
+namespace {
+
+// One build's runs: each run has its own speed (a run-level factor, lognormal with sigma_run: the
+// placement, frequency and neighbours of that process), and its repetitions vary a little around it.
+struct Runs {
+  std::vector<double> medians;      // one per run
+  std::vector<double> repetitions;  // all repetitions of all runs, pooled
+};
+Runs draw_runs(std::mt19937_64& rng, int runs, int reps, double factor, double sigma_run, double sigma_rep) {
+  std::normal_distribution<double> z(0, 1);
+  Runs out;
+  for (int r = 0; r < runs; ++r) {
+    const double run_speed = factor * std::exp(sigma_run * z(rng));
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) t.push_back(1e-3 * run_speed * std::exp(sigma_rep * z(rng)));
+    out.medians.push_back(memtrade::stats::median(t));
+    out.repetitions.insert(out.repetitions.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+// How often compare's rule (p < alpha over the run medians and a slowdown beyond the minimum effect)
+// flags a candidate at `factor` times the baseline's work.
+double flag_rate(double factor, int trials, bool pooled_repetitions = false, double min_effect = 0.05) {
+  std::mt19937_64 rng(12345);
+  int flagged = 0;
+  for (int t = 0; t < trials; ++t) {
+    const Runs a = draw_runs(rng, 5, 9, 1.0, 0.02, 0.005), b = draw_runs(rng, 5, 9, factor, 0.02, 0.005);
+    const auto c = pooled_repetitions ? memtrade::stats::compare_runs(a.repetitions, b.repetitions)
+                                      : memtrade::stats::compare_runs(a.medians, b.medians);
+    flagged += c.p < 0.01 && c.ratio > 1 + min_effect;
+  }
+  return static_cast<double>(flagged) / trials;
+}
+
+}  // namespace
+
+TEST(Stats, MinPossiblePAndCv) {
+  EXPECT_DOUBLE_EQ(memtrade::stats::min_possible_p(5, 5), 2.0 / 252);
+  EXPECT_DOUBLE_EQ(memtrade::stats::min_possible_p(3, 3), 0.1);
+  EXPECT_DOUBLE_EQ(memtrade::stats::min_possible_p(1, 1), 1.0);
+  EXPECT_DOUBLE_EQ(memtrade::stats::cv({2.0}), 0.0);
+  EXPECT_NEAR(memtrade::stats::cv({1.0, 2.0, 3.0}), 0.5, 1e-15);  // sd 1, mean 2
+  EXPECT_THROW(memtrade::stats::cv({}), memtrade::Error);
+}
+
+TEST(Stats, RunComparisonIsTheRatioOfTheRunMedians) {
+  const auto c = memtrade::stats::compare_runs({1.0, 1.1, 0.9, 0.95, 1.05}, {2.0, 2.2, 1.8, 1.9, 2.1});
+  EXPECT_DOUBLE_EQ(c.ratio, 2.0);
+  EXPECT_DOUBLE_EQ(c.p, 2.0 / 252);  // complete separation of 5 and 5
+  EXPECT_DOUBLE_EQ(c.min_p, 2.0 / 252);
+}
+
+TEST(Stats, RunLevelTestHasItsSizeAndPowerWherePooledRepetitionsDoNot) {
+  // Identical builds: the run-median test is significant at most about alpha of the time (exact
+  // test: 2/252 here), with or without the minimum effect.
+  EXPECT_LT(flag_rate(1.0, 2000, false, 0.0), 0.02);
+  EXPECT_LT(flag_rate(1.0, 2000), 0.02);
+  // Pooling the repetitions of each side treats 45 values as independent when 5 are: with 2% of
+  // run-to-run noise the U test calls identical builds different far more often than alpha.
+  EXPECT_GT(flag_rate(1.0, 2000, true, 0.0), 0.1);
+  // With 2% of run-to-run noise, a 25% slowdown is found nearly always, 10% in most comparisons.
+  EXPECT_GT(flag_rate(1.25, 2000), 0.95);
+  EXPECT_GT(flag_rate(1.10, 2000), 0.80);
 }

@@ -1,6 +1,8 @@
 // A toy technique for the harness's own tests, so they link without any real technique: y = 2 x over
 // n floats. `reference` allocates a float64 scratch of n values per call (tag workspace); `twice`
-// computes in place. Parameters: n (integer >= 1), scale (number, default 1: multiplies the input).
+// computes in place. Parameters: n (integer >= 1), scale (number, default 1: multiplies the input),
+// untracked (bytes, default 0: each call also fills a std::vector of that size, outside the tracked
+// pools, for the heap probe's test).
 #pragma once
 
 #include <memory>
@@ -13,6 +15,7 @@ namespace memtrade::test {
 
 struct ToyProblem final : Problem {
   std::vector<double> x, oracle;
+  std::size_t untracked = 0;
 };
 
 class ToyWorkload final : public Workload {
@@ -25,6 +28,10 @@ class ToyWorkload final : public Workload {
   }
   void run() override {
     const std::size_t n = p_.x.size();
+    if (p_.untracked) {
+      std::vector<char> escaped(p_.untracked, 1);
+      sink_ = escaped[p_.untracked / 2];
+    }
     if (scratch_) {
       Buffer tmp(dev_.memory(), n * sizeof(double), Tag::workspace);
       for (std::size_t i = 0; i < n; ++i) tmp.as<double>()[i] = 2.0 * x_.as<float>()[i];
@@ -48,16 +55,19 @@ class ToyWorkload final : public Workload {
   Device& dev_;
   bool scratch_;
   Buffer x_, y_;
+  volatile char sink_ = 0;
 };
 
 inline Technique toy_technique() {
   Technique t;
   t.name = "toy";
   t.description = "y = 2 x";
-  t.schema.params = {int_param("n", "elements"), num_param("scale", "input scale", 1.0, 0)};
+  t.schema.params = {int_param("n", "elements"), num_param("scale", "input scale", 1.0, 0),
+                     int_param("untracked", "bytes allocated per call outside the tracked pools", 0, 0)};
   t.prepare = [](const Case& c) -> std::unique_ptr<Problem> {
     auto p = std::make_unique<ToyProblem>();
     const double scale = c.params.value("scale", 1.0);
+    p->untracked = static_cast<std::size_t>(c.params.value("untracked", 0));
     for (int64_t i = 0; i < c.integer("n"); ++i) {
       p->x.push_back(static_cast<float>(scale * (0.25 * static_cast<double>(i % 7) - 0.5)));
       p->oracle.push_back(2.0 * p->x.back());

@@ -274,23 +274,68 @@ def check_memory_regression() -> str:
 def check_time_regression() -> str:
     a = load("A.json")
     case = first_ok_case(a)
-    for e in a["benchmarks"]:
-        if e.get("run_name") == case and e.get("run_type") == "iteration":
-            e["real_time"] *= 2
-            e["cpu_time"] *= 2
-    save("A_slow.json", a)
+    # Five runs per side (what the time test needs at alpha 0.01): each run of A scaled by its own
+    # run-level factor, and the same with the case's time doubled.
+    for side, slow in (("runs_base", 1.0), ("runs_slow", 2.0)):
+        d = path(side)
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        for r in range(5):
+            doc = copy.deepcopy(a)
+            for e in doc["benchmarks"]:
+                if e.get("run_type") == "iteration":
+                    f = (1 + 0.01 * r) * (slow if e.get("run_name") == case else 1.0)
+                    e["real_time"] *= f
+                    e["cpu_time"] *= f
+            (d / f"run-{r}.json").write_text(json.dumps(doc))
     cj = fresh("cmp_slow.json")
-    cp = memtrade("compare", "A.json", "A_slow.json", "--json", cj.name)
-    expect_rc(cp, 1, f"compare A A_slow (time of {case} doubled, time gates by default)")
+    cp = memtrade("compare", "runs_base", "runs_slow", "--json", cj.name)
+    expect_rc(cp, 1, f"compare runs_base runs_slow (5 runs a side, time of {case} doubled)")
     expect(any("regression" in r for r in report_lines(cp, case, "time")),
-           f"compare A A_slow: no 'regression' row naming {case} with metric time", cp)
+           f"compare runs_base runs_slow: no 'regression' row naming {case} with metric time", cp)
     regs = regression_rows(load_compare_json(cj.name, cp))
-    expect(regs == [(case, "time")], f"compare A A_slow: expected exactly one regression ({case}, time), got {regs}", cp)
-    cp = memtrade("compare", "A.json", "A_slow.json", "--time", "report")
-    expect_rc(cp, 0, "compare A A_slow --time report")
+    expect(regs == [(case, "time")], f"compare runs: expected exactly one regression ({case}, time), got {regs}", cp)
+    cp = memtrade("compare", "runs_base", "runs_slow", "--time", "report")
+    expect_rc(cp, 0, "compare runs_base runs_slow --time report")
     expect(any("slower" in r for r in report_lines(cp, case, "time")),
-           f"compare A A_slow --time report: {case} is not reported as slower", cp)
-    return f"doubled time of {case}: a regression by default (exit 1), only reported with --time report (exit 0)"
+           f"compare runs --time report: {case} is not reported as slower", cp)
+    # One file a side: the repetitions of one process are not independent samples; listed, not gated.
+    cp = memtrade("compare", "runs_base/run-0.json", "runs_slow/run-0.json")
+    expect_rc(cp, 0, "compare of one run a side (time listed, not gated)")
+    expect("not gated" in cp.stdout, "compare of one run a side does not say time is not gated", cp)
+    # A comma-separated list is a side too.
+    lst = ",".join(f"runs_base/run-{r}.json" for r in range(5))
+    cp = memtrade("compare", lst, "runs_slow")
+    expect_rc(cp, 1, "compare with a comma-separated list of runs as the baseline")
+    return (f"doubled time of {case} over 5 runs a side: a regression (exit 1), only reported with --time "
+            f"report; one run a side lists it without gating")
+
+
+def check_ab() -> str:
+    out = path("ab")
+    cj = fresh("cmp_ab.json")
+    cp = memtrade("ab", "--baseline-bin", str(CTX.memtrade), "--candidate-bin", str(CTX.memtrade),
+                  "--suite", "calibrate", "--profile", "test", "--set", "n=1000000", "--filter", "/compute$",
+                  "--candidate-env", "MEMTRADE_CALIBRATE_SCALE=2", "--runs", "5", "--retries", "1",
+                  "--out-dir", str(out), "--json", cj.name, timeout=300)
+    c = load_compare_json(cj.name, cp)
+    runs_a = sorted(p.name for p in (out / "baseline").glob("run-*.json"))
+    runs_b = sorted(p.name for p in (out / "candidate").glob("run-*.json"))
+    expect(len(runs_a) >= 5 and len(runs_a) == len(runs_b),
+           f"ab --runs 5 left {len(runs_a)} baseline and {len(runs_b)} candidate runs", cp)
+    time_rows = [r for r in c["rows"] if r["metric"] == "time"]
+    expect(len(time_rows) == 1 and time_rows[0]["verdict"] in ("regression", "unstable"),
+           f"ab with the candidate doing 2x the work: expected the compute case's time to be a regression "
+           f"(or unstable on a loaded machine), got {time_rows}", cp)
+    expect(cp.returncode == (1 if time_rows[0]["verdict"] == "regression" else 0),
+           f"ab exit code {cp.returncode} does not match its verdict", cp)
+    other = [r for r in c["rows"] if r["regression"] and r["metric"] != "time"]
+    expect(not other, f"ab: regressions other than time for a change of work only: {other}", cp)
+    cp = memtrade("ab", "--baseline-bin", str(path("no-such-binary")), "--candidate-bin", str(CTX.memtrade),
+                  "--suite", "calibrate")
+    expect_rc(cp, 2, "ab with a missing baseline binary")
+    expect("not an executable" in cp.stderr, "ab with a missing binary does not say so", cp)
+    return f"ab of 2x work: {time_rows[0]['verdict']} over {len(runs_a)} alternating runs a side; a missing binary exits 2"
 
 
 def check_unreadable_input() -> str:
@@ -603,6 +648,7 @@ CHECKS = [
     check_compare_clean,
     check_memory_regression,
     check_time_regression,
+    check_ab,
     check_unreadable_input,
     check_nan_error,
     check_missing_case,
