@@ -53,7 +53,7 @@ const char* kMainHelp =
   "  --error-ratio R        rel_l2_err regression factor (default 2)\n" \
   "  --error-floor A        rel_l2_err increase that never counts (default 0) ...\n" \
   "  --error-floor-u U      ... nor one below U unit roundoffs of the case dtype (default 2)\n" \
-  "  --alpha P              significance level of the Mann-Whitney U test over run medians (default 0.01)\n" \
+  "  --alpha P              level of the one-sided Mann-Whitney U test over run medians (default 0.01)\n" \
   "  --min-effect F         smallest slowdown of the median run that counts (default 0.05)\n" \
   "  --min-effect-for RE=F  the minimum effect for cases whose name matches RE (repeatable, first match)\n" \
   "  --max-cv C             a run whose repetitions' coefficient of variation exceeds C is unstable (0.25)\n" \
@@ -401,7 +401,7 @@ int cmd_gate_selftest(const Args& a) {
   std::vector<double> factors = {1.0};
   for (const auto& f : split(a.get("--slowdowns", "1.10,1.25"), ',')) {
     const double v = parse_number(f, "--slowdowns");
-    if (!(v > 1 && v <= 10)) throw Usage("--slowdowns takes factors in (1, 10], got '" + f + "'");
+    if (!(v > 1 && v <= 2)) throw Usage("--slowdowns takes factors in (1, 2], got '" + f + "'");
     factors.push_back(v);
   }
   const auto self = std::filesystem::read_symlink("/proc/self/exe");

@@ -69,6 +69,51 @@ std::string machine_class_of(const LoadedResults& r, const std::string& backend)
   return mc.is_object() && mc.contains(backend) && mc[backend].is_string() ? mc[backend].get<std::string>() : "";
 }
 
+// Claims by id: a verdict that leaves `reproduced` while the claim's data (its suite entry) is unchanged
+// is a regression, and so is any `error` verdict; other changes are listed.
+template <typename Add>
+void compare_claims(const LoadedResults& base, const LoadedResults& cur, const CompareOptions& o, Add add) {
+  auto by_id = [](const Json& list) {
+    std::map<std::string, const Json*> m;
+    if (list.is_array())
+      for (const auto& c : list)
+        if (c.is_object() && c.contains("id") && c["id"].is_string()) m[c["id"].get<std::string>()] = &c;
+    return m;
+  };
+  const auto b = by_id(base.claims), c = by_id(cur.claims);
+  auto text = [](const Json& j, const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : ""; };
+  // The claim's data: its suite entry when recorded, else the statement and the expected text.
+  auto data = [&](const Json& j) { return j.contains("spec") ? j["spec"].dump() : text(j, "statement") + "|" + text(j, "expected"); };
+  for (const auto& [id, bj] : b) {
+    const std::string name = "claim/" + id;
+    const auto it = c.find(id);
+    if (it == c.end()) {
+      add({name, "verdict", text(*bj, "verdict"), nullptr, "", "missing",
+           o.allow_missing ? "not in the current results (allowed)" : "not in the current results", !o.allow_missing});
+      continue;
+    }
+    const std::string bv = text(*bj, "verdict"), cv = text(*it->second, "verdict");
+    CompareRow row{name, "verdict", bv, cv, bv == cv ? "" : bv + " -> " + cv, "ok", text(*it->second, "measured"), false};
+    const bool same_data = data(*bj) == data(*it->second);
+    if (cv == "error") {
+      row.verdict = "regression";
+      row.regression = true;
+      row.detail = "the claim's check failed: " + text(*it->second, "note");
+    } else if (bv != cv) {
+      row.verdict = bv == "reproduced" && same_data ? "regression" : "verdict_changed";
+      row.regression = row.verdict == "regression";
+      if (!same_data) row.detail = "the claim's data changed; " + row.detail;
+    }
+    add(row);
+  }
+  for (const auto& [id, cj] : c)
+    if (!b.count(id)) {
+      const std::string v = text(*cj, "verdict");
+      add({"claim/" + id, "verdict", nullptr, v, "", v == "error" ? "regression" : "new",
+           v == "error" ? "the claim's check failed: " + text(*cj, "note") : "not in the baseline", v == "error"});
+    }
+}
+
 const Summary* find_case(const LoadedResults& r, const std::string& name) {
   for (const auto& s : r.cases)
     if (s.name == name) return &s;
@@ -166,7 +211,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
   for (const auto& s : cur.cases) cur_by_name[s.name] = &s;
   std::set<std::string> base_names;
   std::set<std::string> noted_backends;
-  bool warned_runs = false;
+  int untestable = 0;  // time checks with too few (stable) runs for the test to reach alpha
 
   auto add = [&](CompareRow row) {
     ++R.checks;
@@ -345,22 +390,23 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     const auto t = stats::compare_runs(bt, ct);
     CompareRow row{b.name, "time", num(t.baseline_median), num(t.candidate_median), fmt("%+.1f%%", 100 * (t.ratio - 1)),
                    "ok",
-                   fmt("median of run medians %.4g s", t.baseline_median) + fmt(" (%zu runs)", bt.size()) +
-                       fmt(" -> %.4g s", t.candidate_median) + fmt(" (%zu runs)", ct.size()) + fmt(", p = %.3g", t.p),
+                   fmt("median of run medians %.4g s", t.baseline_median) + " (" + std::to_string(bt.size()) +
+                       " runs)" + fmt(" -> %.4g s", t.candidate_median) + " (" + std::to_string(ct.size()) + " runs)" +
+                       fmt(", one-sided p = %.3g", t.ratio >= 1 ? t.p_slower : t.p_faster),
                    false};
-    if (dropped) row.detail += fmt(", %.0f unstable run(s) left out", dropped);
-    const bool testable = t.min_p < o.time_alpha, significant = testable && t.p < o.time_alpha;
-    if (!testable && !warned_runs) {
-      warned_runs = true;
-      R.notes.push_back(fmt("time is listed, not gated: with %zu baseline and ", bt.size()) +
-                        fmt("%zu current run(s) the smallest possible p is ", ct.size()) + fmt("%.3g, not below ", t.min_p) +
-                        fmt("alpha = %.3g; time gates on independent runs (memtrade ab --runs 5)", o.time_alpha));
+    if (dropped) row.detail += ", " + std::to_string(dropped) + " unstable run(s) left out";
+    // One-sided tests: "slower" and "faster" are separate questions, each at alpha.
+    const bool testable = t.min_p < o.time_alpha;
+    const bool slower_sig = testable && t.p_slower < o.time_alpha, faster_sig = testable && t.p_faster < o.time_alpha;
+    if (!testable) {
+      ++untestable;
+      row.detail += fmt(" (smallest possible p %.3g: too few runs to test)", t.min_p);
     }
     if (t.ratio > 1 + effect) {
-      if (significant && o.time_gate) {
+      if (slower_sig && o.time_gate) {
         row.verdict = "regression";
         row.regression = true;
-      } else if (significant) {
+      } else if (slower_sig) {
         row.verdict = "slower";
         row.detail += " (time is report-only)";
       } else if (dropped) {
@@ -369,14 +415,19 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         row.detail += "; not significant without the unstable runs (" + why + ")";
       } else {
         row.verdict = "slower";
-        row.detail += testable ? " (not significant)" : " (not gated: too few runs)";
+        if (testable) row.detail += " (not significant)";
       }
     } else if (t.ratio < 1 / (1 + effect)) {
       row.verdict = "faster";
-      if (!significant) row.detail += testable ? " (not significant)" : " (too few runs to test)";
+      if (!faster_sig && testable) row.detail += " (not significant)";
     }
     add(row);
   }
+  if (untestable)
+    R.notes.push_back("time is listed, not gated, for " + std::to_string(untestable) +
+                      " case(s): too few stable runs for the test to reach p < " + fmt("%g", o.time_alpha) +
+                      " (time gates on independent runs: 5 a side at alpha 0.01, e.g. memtrade ab --runs 5)");
+  compare_claims(base, cur, o, add);
   for (const auto& c : cur.cases)
     if (!base_names.count(c.name)) add({c.name, "case", nullptr, c.status, "", "new", "not in the baseline", false});
   return R;

@@ -16,13 +16,15 @@
 //     the median of its repetitions. A run whose repetitions spread too wide (coefficient of
 //     variation above max_cv) or whose process got far less CPU in one repetition than in its best
 //     (pre-empted: CPU/wall below min_cpu_share of the run's highest) is `unstable` and left out. A
-//     regression needs both a two-sided Mann-Whitney U test over the run medians with p < alpha and
-//     a median slowdown above the minimum effect; with too few runs for that p (one file per side)
+//     regression needs both a one-sided Mann-Whitney U test over the run medians ("the candidate is
+//     slower") with p < alpha and a median slowdown above the minimum effect; with too few runs for that p (one file per side)
 //     time is listed, never gated. Only against a baseline of the same machine class.
 //   untracked_bytes (CPU heap allocated outside the tracked pools during the measured call): growth
 //     beyond untracked_allowance_bytes or a quarter of the baseline's figure, whichever is larger, is a
 //     regression (library buffers that follow the thread count differ a little between machines).
 //   new counters (a new peak tag, a metric the baseline lacks) are listed as new_metric.
+//   claims: a verdict leaving `reproduced` while the claim's suite entry is unchanged is a regression, and
+//     so is an `error` verdict (a check that failed); other verdict changes are listed.
 //   status: ok -> oom/error/skipped is a regression; missing cases are regressions unless allowed.
 //   choice: a case whose choice_* counter (a dispatcher's decision) differs from the baseline's ran a
 //     different implementation; it is listed as not compared.
@@ -65,7 +67,7 @@ struct CompareRow {
   Json baseline, current;
   std::string change;   // "+12.5%", "+4096 B", ...
   std::string verdict;  // ok | regression | improved | slower | faster | unstable | changed | still_failing | missing |
-                        // new | new_metric | status_changed | not_compared
+                        // new | new_metric | status_changed | verdict_changed | not_compared
   std::string detail;
   bool regression = false;
 };

@@ -105,7 +105,7 @@ struct ClaimSpec {
 };
 struct ClaimResult {
   std::string measured;
-  std::string verdict;  // reproduced | not_reproduced | out_of_scope
+  std::string verdict;  // reproduced | not_reproduced | inconclusive | out_of_scope | error (harness/claims.hpp)
   std::string note;
 };
 using ClaimCheck = std::function<ClaimResult(const ClaimSpec&, const std::vector<Record>&)>;

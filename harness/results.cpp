@@ -187,7 +187,9 @@ void ResultsWriter::add(const Record& r) {
 void ResultsWriter::add_claim(const ClaimSpec& spec, const ClaimResult& result) {
   doc_["claims"].push_back({{"id", spec.id}, {"statement", spec.statement}, {"source", spec.source},
                             {"expected", spec.expected}, {"measured", result.measured},
-                            {"verdict", result.verdict}, {"note", result.note}});
+                            {"verdict", result.verdict}, {"note", result.note},
+                            {"quantity", spec.data.value("quantity", "")}, {"band", spec.data.value("band", Json(nullptr))},
+                            {"conditions", spec.data.value("conditions", "")}, {"spec", spec.data}});
   flush();
 }
 

@@ -425,12 +425,12 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       ClaimResult res;
       auto it = tech.claims.find(claim.id);
       if (it == tech.claims.end()) {
-        res = {"", "out_of_scope", "no check for this claim is implemented in the " + tech.name + " technique"};
+        res = {"", "out_of_scope", "memtrade has no check for this claim in the " + tech.name + " technique"};
       } else {
         try {
           res = it->second(claim, records);
         } catch (const std::exception& e) {
-          res = {"", "out_of_scope", std::string("the check failed: ") + e.what()};
+          res = {"", "error", std::string("the check failed: ") + e.what()};
         }
       }
       writer.add_claim(claim, res);

@@ -98,8 +98,11 @@ RunComparison compare_runs(const std::vector<double>& a, const std::vector<doubl
   r.baseline_median = median(a);
   r.candidate_median = median(b);
   r.ratio = r.candidate_median / r.baseline_median;
-  r.p = mann_whitney_u(a, b).p_two_sided;
-  r.min_p = min_possible_p(a.size(), b.size());
+  const MannWhitney mw = mann_whitney_u(a, b);
+  r.p = mw.p_two_sided;
+  r.p_slower = mw.p_less;  // the baseline's times smaller: the candidate slower
+  r.p_faster = mw.p_greater;
+  r.min_p = min_possible_p(a.size(), b.size()) / 2;
   return r;
 }
 
@@ -137,12 +140,15 @@ MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<doubl
   const double u1 = r1 - static_cast<double>(n1) * static_cast<double>(n1 + 1) / 2;
   const double u_max = std::max(u1, nn - u1);
 
-  MannWhitney res{u1, 1.0, false};
+  MannWhitney res{u1, 1.0, 1.0, 1.0, false};
   if (!ties && (n1 <= 8 || n2 <= 8)) {
     // Exact: P(U >= u_max) = P(U <= n1*n2 - u_max). Without ties U is an integer.
     res.exact = true;
     const auto k = static_cast<std::size_t>(std::llround(nn - u_max));
     res.p_two_sided = 2 * mwu_exact_cdf(n1, n2, k);
+    // One-sided: P(U1 <= u1) (a smaller) and P(U1 >= u1) = P(U1 <= n1*n2 - u1) (a larger).
+    res.p_less = mwu_exact_cdf(n1, n2, static_cast<std::size_t>(std::llround(u1)));
+    res.p_greater = mwu_exact_cdf(n1, n2, static_cast<std::size_t>(std::llround(nn - u1)));
   } else {
     // Normal approximation: under the null U has mean n1*n2/2 and variance
     //   n1*n2/12 * ((n+1) - sum(t^3 - t) / (n(n-1)))   (tie-corrected).
@@ -152,7 +158,11 @@ MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<doubl
     const double sd = std::sqrt(std::max(var, 0.0));
     // sd == 0 when every value is equal; then u_max equals the mean and z = -0.5/0 = -inf: p = 1.
     res.p_two_sided = sd > 0 ? 2 * normal_sf((u_max - nn / 2 - 0.5) / sd) : 1.0;
+    res.p_less = sd > 0 ? normal_sf((nn / 2 - u1 - 0.5) / sd) : 1.0;
+    res.p_greater = sd > 0 ? normal_sf((u1 - nn / 2 - 0.5) / sd) : 1.0;
   }
+  res.p_less = std::clamp(res.p_less, 0.0, 1.0);
+  res.p_greater = std::clamp(res.p_greater, 0.0, 1.0);
   // Twice a tail can exceed 1 when u_max is at (or, with the correction, near) the centre.
   res.p_two_sided = std::clamp(res.p_two_sided, 0.0, 1.0);
   return res;

@@ -14,6 +14,8 @@ double stddev(const std::vector<double>& v);  // sample standard deviation (divi
 struct MannWhitney {
   double u;            // U statistic of sample a: the number of pairs (a_i, b_j) with a_i > b_j, ties count 1/2
   double p_two_sided;  // in [0, 1]
+  double p_less;       // one-sided: a tends to be smaller than b (scipy's alternative='less')
+  double p_greater;    // one-sided: a tends to be larger than b
   bool exact;          // p from the exact null distribution (else the normal approximation)
 };
 
@@ -23,7 +25,8 @@ struct MannWhitney {
 // corrections. Infinite values are allowed (they just rank first or last).
 MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<double>& b);
 
-// Smallest two-sided p an exact U test can reach with samples of these sizes: 2 / C(n1 + n2, n1).
+// Smallest two-sided p an exact U test can reach with samples of these sizes: 2 / C(n1 + n2, n1)
+// (one-sided: half of it).
 double min_possible_p(std::size_t n1, std::size_t n2);
 
 // Coefficient of variation (sample stddev / mean); 0 for a single value.
@@ -36,8 +39,10 @@ double cv(const std::vector<double>& v);
 // never made on them.
 struct RunComparison {
   double baseline_median, candidate_median, ratio;
-  double p;      // two-sided Mann-Whitney U over the run values
-  double min_p;  // the smallest p these sample sizes allow; no verdict is possible when min_p >= alpha
+  double p;         // two-sided Mann-Whitney U over the run values
+  double p_slower;  // one-sided: the candidate's runs tend to be slower (the regression test)
+  double p_faster;  // one-sided: they tend to be faster
+  double min_p;     // the smallest one-sided p these sample sizes allow; no verdict when min_p >= alpha
 };
 RunComparison compare_runs(const std::vector<double>& baseline_runs, const std::vector<double>& candidate_runs);
 

@@ -67,8 +67,9 @@ class Trainer {
   virtual StepStats step(std::span<const datasets::Batch> micro) = 0;
   // Mean loss of a batch at the current weights (forward only).
   virtual double eval_loss(const datasets::Batch& b) = 0;
-  // Gradient of the mean loss of one batch at the current weights (loss scale 1, no update), per
-  // parameter in the layout's order, as double. The weights are unchanged.
+  // Gradient of the mean loss of one batch at the current weights, through the policy's real path
+  // (scaled by the loss scaler's current scale, stored in the policy's gradient type, unscaled as the
+  // optimizer would), per parameter in the layout's order, as double. No update: the weights are unchanged.
   virtual std::vector<double> gradients(const datasets::Batch& b) = 0;
   // The working weights (what the forward reads), as fp32.
   virtual std::vector<float> params() const = 0;

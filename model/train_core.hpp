@@ -73,15 +73,23 @@ class TrainerCore : public Trainer {
     return forward(a);
   }
 
+  // Through the policy's real path: the loss multiplied by the loss scaler's current scale (1 when the
+  // policy does not scale), the gradient stored in S, then unscaled as the optimizer step unscales it.
   std::vector<double> gradients(const datasets::Batch& b) override {
     zero_grads();
-    forward_backward(b, C(1) / static_cast<C>(rows()), nullptr);
+    const float scale = scaler_.scale(), inv = scaler_.inv_scale();
+    forward_backward(b, static_cast<C>(scale) / static_cast<C>(rows()), nullptr);
     if constexpr (std::is_same_v<S, double>) {  // the float64 reference: every bit of its gradient
       const double* g = grads_.template as<double>();
-      return {g, g + L_.total};
+      std::vector<double> out(g, g + L_.total);
+      if (scale != 1.f)
+        for (auto& x : out) x *= static_cast<double>(inv);
+      return out;
     } else {
       const auto g = be().widen(grads_.template as<S>(), L_.total);
-      return {g.begin(), g.end()};
+      std::vector<double> out(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) out[i] = precision::unscale(g[i], inv);
+      return out;
     }
   }
 

@@ -50,6 +50,7 @@ tr.missing td,tr.status_changed td{background:#fff4d6}
 .st-skipped{background:#e9ecef;color:#555} .st-ok{color:#2b8a3e}
 .v-reproduced{background:#d3f9d8;color:#1b5e20;font-weight:600}
 .v-not_reproduced{background:#ffd8d8;color:#a00;font-weight:600} .v-out_of_scope{background:#e9ecef;color:#555}
+.v-inconclusive{background:#fff3bf;color:#7a5b00;font-weight:600} .v-error{background:#a00;color:#fff;font-weight:600}
 .big-ok{font-size:18px;color:#2b8a3e;font-weight:700} .big-bad{font-size:18px;color:#c92a2a;font-weight:700}
 nav a{margin-right:14px}
 """
@@ -679,8 +680,15 @@ def claims_section(all_results, paths):
     for i, res in enumerate(all_results):
         for cl in res.get("claims") or []:
             if isinstance(cl, dict):
+                band = cl.get("band")
+                form = cl.get("quantity", "") or ""
+                if isinstance(band, list) and len(band) == 2:
+                    lo, hi = band
+                    form += (f"; band [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]")
+                if cl.get("conditions"):
+                    form += f"; {cl['conditions']}"
                 key = tuple(str(cl.get(k, "")) for k in ("id", "statement", "source", "measured",
-                                                          "expected", "verdict", "note"))
+                                                          "expected", "verdict", "note")) + (form,)
                 merged.setdefault(key, []).append(f"#{i + 1}")
     out = ['<section id="claims"><h2>Claims</h2>']
     if not merged:
@@ -689,11 +697,15 @@ def claims_section(all_results, paths):
     multi = len(paths) > 1
     rows = []
     for key, files in merged.items():
-        cid, stmt, src, meas, exp, verdict, note = key
-        row = [esc(cid), esc(stmt), esc(src), esc(meas), esc(exp),
+        cid, stmt, src, meas, exp, verdict, note, form = key
+        row = [esc(cid), esc(stmt), esc(src), esc(form or exp), esc(meas),
                (esc(verdict.replace("_", " ")), f"v-{esc(verdict)}"), esc(note)]
         rows.append(row + ([esc(", ".join(files))] if multi else []))
-    out.append(table(["claim", "statement", "source", "measured", "expected", "verdict", "note"]
+    out.insert(1, "<p class='muted'>Each claim is decided on its measurable form: reproduced when the measured "
+                  "interval lies inside the band, not reproduced when it lies outside, inconclusive when it "
+                  "straddles an edge (noise, or a model too small to show the effect); out of scope is what "
+                  "memtrade does not measure, error a check that failed.</p>")
+    out.append(table(["claim", "statement", "source", "measurable form", "measured", "verdict", "note"]
                      + (["results file"] if multi else []), rows) + "</section>")
     return "\n".join(out)
 

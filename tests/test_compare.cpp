@@ -351,3 +351,35 @@ TEST(Compare, ADifferentDispatchChoiceIsNotComparedNotARegression) {
   cur.cases[0].counters["choice_flash"] = 0;  // same choice: the growth counts again
   EXPECT_EQ(compare_results(base, cur, {}).regressions, 1);
 }
+
+TEST(Compare, AClaimLeavingReproducedIsARegressionUnlessItsDataChanged) {
+  auto with_claim = [](const std::string& verdict, const Json& spec) {
+    auto r = sample();
+    r.claims = Json::array({Json{{"id", "int4-mmlu"}, {"verdict", verdict}, {"measured", "m"}, {"note", "n"},
+                                 {"spec", spec}}});
+    return r;
+  };
+  const Json spec = {{"id", "int4-mmlu"}, {"band", {0.005, 0.01}}};
+  auto r = compare_results(with_claim("reproduced", spec), with_claim("reproduced", spec), {});
+  EXPECT_EQ(r.regressions, 0);
+  r = compare_results(with_claim("reproduced", spec), with_claim("inconclusive", spec), {});
+  EXPECT_EQ(regressions_named(r, "claim/int4-mmlu", "verdict"), 1);
+  // The claim's suite entry changed (a new band): listed, not gated.
+  Json wider = spec;
+  wider["band"] = {0.0, 0.02};
+  r = compare_results(with_claim("reproduced", spec), with_claim("inconclusive", wider), {});
+  EXPECT_EQ(r.regressions, 0);
+  EXPECT_EQ(row_of(r, "claim/int4-mmlu", "verdict")->verdict, "verdict_changed");
+  // Other changes are listed; an error verdict always gates.
+  r = compare_results(with_claim("not_reproduced", spec), with_claim("inconclusive", spec), {});
+  EXPECT_EQ(r.regressions, 0);
+  r = compare_results(with_claim("not_reproduced", spec), with_claim("error", spec), {});
+  EXPECT_EQ(regressions_named(r, "claim/int4-mmlu", "verdict"), 1);
+  // A claim gone from the current results is missing; a new one is listed (an error one gates).
+  r = compare_results(with_claim("reproduced", spec), sample(), {});
+  EXPECT_EQ(regressions_named(r, "claim/int4-mmlu", "verdict"), 1);
+  r = compare_results(sample(), with_claim("error", spec), {});
+  EXPECT_EQ(regressions_named(r, "claim/int4-mmlu", "verdict"), 1);
+  r = compare_results(sample(), with_claim("reproduced", spec), {});
+  EXPECT_EQ(r.regressions, 0);
+}

@@ -398,6 +398,38 @@ TEST(QuantAwq, NoWorseThanRtnAndBetterWithOutlierChannels) {
   EXPECT_LE(mse(flat, a.deq), e_rtn);
 }
 
+// Out of sample: GPTQ and AWQ minimize the layer-output error on their calibration rows. On rows of the
+// same distribution that they never saw, AWQ (one scale per input channel: few degrees of freedom)
+// keeps its advantage over RTN; GPTQ's in-sample figure flatters it. On these synthetic activations
+// (1% outlier channels) it is 0.35x RTN on its own 256 rows and 1.47x on new ones; with 4096 rows,
+// 0.95x and 1.07x: it does not beat RTN out of sample here. The quant suite records both
+// (calib_output_mse, heldout_output_mse).
+TEST(QuantQuantizers, OutOfSampleErrorAgainstRtn) {
+  const int64_t N = 64, K = 256, held_rows = 512;
+  for (const int64_t calib_rows : {256, 4096}) {
+    const Layer all = make_layer(N, K, calib_rows + held_rows, 100);
+    const std::vector<float> held(all.X.begin() + calib_rows * K, all.X.end());
+    auto held_mse = [&](const std::vector<float>& deq) {
+      return layer_output_mse(all.W.data(), deq.data(), N, K, held.data(), held_rows);
+    };
+    auto calib_mse = [&](const std::vector<float>& deq) {
+      return layer_output_mse(all.W.data(), deq.data(), N, K, all.X.data(), calib_rows);
+    };
+    const Spec spec = int4(128);
+    const auto rtn = quantize_rtn(spec, all.W.data(), N, K).deq;
+    const auto gptq = quantize_gptq(spec, all.W.data(), N, K, all.X.data(), calib_rows).deq;
+    const auto awq = quantize_awq(spec, all.W.data(), N, K, all.X.data(), calib_rows).deq;
+    std::printf("[ measured ] %lld calibration rows, K = %lld: GPTQ/RTN output mse %.3f on them, %.3f held out; "
+                "AWQ/RTN %.3f, %.3f\n", static_cast<long long>(calib_rows), static_cast<long long>(K),
+                calib_mse(gptq) / calib_mse(rtn), held_mse(gptq) / held_mse(rtn), calib_mse(awq) / calib_mse(rtn),
+                held_mse(awq) / held_mse(rtn));
+    EXPECT_LT(calib_mse(gptq), calib_mse(rtn));
+    EXPECT_LT(held_mse(awq), held_mse(rtn));
+    // The in-sample ratio is the optimistic one, and more calibration rows shrink the gap.
+    EXPECT_GT(held_mse(gptq) / held_mse(rtn), calib_mse(gptq) / calib_mse(rtn));
+  }
+}
+
 TEST(QuantAwq, ResultIsRtnOfScaledWeights) {
   const Layer L = make_layer(16, 160, 256, 900);
   const Spec s = int4_asym(32);

@@ -132,6 +132,20 @@ TEST(MannWhitney, Ties) {
              0.02697508568494576, false);
 }
 
+TEST(MannWhitney, OneSidedAgainstScipy) {
+  // scipy.stats.mannwhitneyu(a, b, alternative='less' / 'greater').pvalue
+  auto one_sided = [](const std::vector<double>& a, const std::vector<double>& b, double less, double greater) {
+    const MannWhitney r = mann_whitney_u(a, b);
+    EXPECT_NEAR(r.p_less, less, 1e-9 * less);
+    EXPECT_NEAR(r.p_greater, greater, 1e-9 * greater);
+  };
+  one_sided({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}, 0.003968253968253968, 1.0);
+  one_sided({1, 2, 3, 4, 6}, {5, 7, 8, 9, 10}, 0.007936507936507936, 0.996031746031746);
+  one_sided({1.1, 2.3, 3.5, 5.0, 7.2}, {2.0, 4.1, 6.3, 8.8, 9.4, 10.0}, 0.08874458874458874, 0.9372294372294372);
+  one_sided({1, 2, 2, 3, 4}, {2, 3, 3, 5, 6, 7}, 0.05695157229426534, 0.9613756091726351);            // ties
+  one_sided(iota(1, 10), iota(10, 19), 0.00020614740103084563, 0.9998529194692304);                 // normal approx.
+}
+
 TEST(MannWhitney, IdenticalSamples) {
   expect_mwu({1, 2, 3, 4}, {1, 2, 3, 4}, 8.0, 1.0, false);
   // All values equal: zero variance, p = 1 (scipy: z = -0.5/0 = -inf, p clipped to 1).
@@ -200,7 +214,7 @@ double flag_rate(double factor, int trials, bool pooled_repetitions = false, dou
     const Runs a = draw_runs(rng, 5, 9, 1.0, 0.02, 0.005), b = draw_runs(rng, 5, 9, factor, 0.02, 0.005);
     const auto c = pooled_repetitions ? memtrade::stats::compare_runs(a.repetitions, b.repetitions)
                                       : memtrade::stats::compare_runs(a.medians, b.medians);
-    flagged += c.p < 0.01 && c.ratio > 1 + min_effect;
+    flagged += c.p_slower < 0.01 && c.ratio > 1 + min_effect;
   }
   return static_cast<double>(flagged) / trials;
 }
@@ -220,7 +234,9 @@ TEST(Stats, RunComparisonIsTheRatioOfTheRunMedians) {
   const auto c = memtrade::stats::compare_runs({1.0, 1.1, 0.9, 0.95, 1.05}, {2.0, 2.2, 1.8, 1.9, 2.1});
   EXPECT_DOUBLE_EQ(c.ratio, 2.0);
   EXPECT_DOUBLE_EQ(c.p, 2.0 / 252);  // complete separation of 5 and 5
-  EXPECT_DOUBLE_EQ(c.min_p, 2.0 / 252);
+  EXPECT_DOUBLE_EQ(c.p_slower, 1.0 / 252);
+  EXPECT_DOUBLE_EQ(c.p_faster, 1.0);
+  EXPECT_DOUBLE_EQ(c.min_p, 1.0 / 252);
 }
 
 TEST(Stats, RunLevelTestHasItsSizeAndPowerWherePooledRepetitionsDoNot) {

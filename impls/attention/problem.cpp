@@ -48,7 +48,11 @@ double flops(const Dims& s) {
 void reference_head_f64(const Dims& s, const double* q, const double* k, const double* v, const double* dout,
                         const std::vector<int64_t>& rows, double* o, double* dq, double* dk, double* dv) {
   const int64_t r = static_cast<int64_t>(rows.size()), nk = s.n_kv, d = s.d;
-  const double scale = s.scale();
+  // Written apart from the code under test (not Dims::scale nor tile_math's causal_allows), so that a
+  // bug there is not copied into the oracle: the softmax scale, and the bottom-right-aligned causal
+  // mask (query i sits at key position i + nk - n and sees keys up to it).
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto visible = [&](int64_t i, int64_t j) { return j <= i + (nk - s.n); };
   std::vector<double> qr(r * d), p(r * nk);
   for (int64_t i = 0; i < r; ++i) std::copy_n(q + rows[i] * d, d, &qr[i * d]);
   blas::dgemm(false, true, r, nk, d, scale, qr.data(), d, k, d, 0.0, p.data(), nk);
@@ -56,7 +60,7 @@ void reference_head_f64(const Dims& s, const double* q, const double* k, const d
     double* row = &p[i * nk];
     double mx = -INFINITY;
     for (int64_t j = 0; j < nk; ++j) {
-      if (s.causal && !causal_allows(rows[i], j, s.n, nk)) row[j] = -INFINITY;
+      if (s.causal && !visible(rows[i], j)) row[j] = -INFINITY;
       mx = std::max(mx, row[j]);
     }
     if (mx == -INFINITY) {  // fully masked row: defined as zero

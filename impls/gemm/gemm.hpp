@@ -30,8 +30,8 @@ struct GemmProblem final : Problem {
   std::vector<double> oracle;    // rows.size() x n
 };
 
-// The plain row computation shared by the reference implementation and the oracle:
-// out[j] = sum_p a_row[p] * b[p, j] in float64, over j in [0, n).
+// The reference implementation's row computation: out[j] = sum_p a_row[p] * b[p, j] in float64, over
+// j in [0, n). (The oracle is OpenBLAS's dgemm, a separate code path.)
 template <class TA, class TB>
 void row_times_matrix_f64(const TA* a_row, const TB* b, int64_t k, int64_t n, double* out) {
   for (int64_t j = 0; j < n; ++j) out[j] = 0;

@@ -1,0 +1,62 @@
+#include "harness/claims.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+namespace memtrade {
+
+namespace {
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+}  // namespace
+
+std::string Band::str() const {
+  if (lo && hi) return "[" + num(*lo) + ", " + num(*hi) + "]";
+  if (lo) return ">= " + num(*lo);
+  if (hi) return "<= " + num(*hi);
+  return "any value";
+}
+
+Band claim_band(const ClaimSpec& spec, const std::string& key) {
+  const auto fail = [&](const std::string& why) {
+    return Error("claim '" + spec.id + "': '" + key + "' " + why + " (expected [lo, hi], null for no limit)");
+  };
+  if (!spec.data.is_object() || !spec.data.contains(key)) throw fail("is missing");
+  const Json& b = spec.data[key];
+  if (!b.is_array() || b.size() != 2) throw fail("is not a two-element list");
+  Band out;
+  for (int i = 0; i < 2; ++i) {
+    if (b[i].is_null()) continue;
+    if (!b[i].is_number() || !std::isfinite(b[i].get<double>())) throw fail("holds a non-number");
+    (i == 0 ? out.lo : out.hi) = b[i].get<double>();
+  }
+  if (out.lo && out.hi && *out.lo > *out.hi) throw fail("has lo > hi");
+  return out;
+}
+
+std::string decide(double v, double u, const Band& band) {
+  if (std::isnan(v) || std::isnan(u)) return "inconclusive";
+  u = std::fabs(u);
+  const double a = v - u, b = v + u;
+  if (band.contains(a) && band.contains(b)) return "reproduced";
+  // Entirely outside: both ends on the same side of the band.
+  if ((band.hi && a > *band.hi) || (band.lo && b < *band.lo)) return "not_reproduced";
+  return "inconclusive";
+}
+
+std::string combine_verdicts(const std::vector<std::string>& vs) {
+  if (vs.empty()) return "inconclusive";
+  int rep = 0, not_rep = 0;
+  for (const auto& v : vs) {
+    rep += v == "reproduced";
+    not_rep += v == "not_reproduced";
+  }
+  if (rep == static_cast<int>(vs.size())) return "reproduced";
+  if (not_rep > 0) return "not_reproduced";
+  return "inconclusive";
+}
+
+}  // namespace memtrade

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The regression gate on real noise: false alarms and detection rates from runs of identical code.
+
+Given N >= 10 results files of one build (independent runs, e.g. `memtrade run ... --out runs/run-NN.json`
+in a loop), each trial splits them at random into two disjoint halves of 5 and compares them with
+`memtrade compare` (time gating on), several ways:
+  identical   the halves as they are: every time regression is a false alarm;
+  slow F      every case of the candidate half F times slower (--factors, default 1.10 and 1.25): every
+              time check that is not a regression is a miss;
+  +1 byte     peak_bytes of every ok case + 1 in the candidate half: every case must be flagged;
+  verdict     error_ok of every judged case 1 -> 0 in the candidate half: every case must be flagged.
+Halves of one pool overlap between trials, so the trials are not independent compares; they sample the
+machine's real run-to-run noise, which synthetic tests cannot. Prints the rates; exit 1 when a target
+is missed (0 false alarms, >= 95% at 1.25x, >= 80% at 1.10x, 100% of planted memory and verdict changes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def write_half(files, dest: Path, edit=None):
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for i, f in enumerate(files):
+        doc = json.loads(Path(f).read_text())
+        if edit:
+            edit(doc)
+        (dest / f"run-{i:02d}.json").write_text(json.dumps(doc))
+
+
+def scale_times(factor):
+    def edit(doc):
+        for e in doc["benchmarks"]:
+            if e.get("run_type") == "iteration" and e.get("status", "ok") == "ok":
+                for k in ("real_time", "cpu_time"):
+                    if isinstance(e.get(k), (int, float)):
+                        e[k] *= factor
+    return edit
+
+
+def plant(key, fn):
+    def edit(doc):
+        for e in doc["benchmarks"]:
+            if e.get("status", "ok") == "ok" and isinstance(e.get(key), (int, float)):
+                e[key] = fn(e[key])
+    return edit
+
+
+def compare(memtrade, base: Path, cur: Path, out: Path):
+    cp = subprocess.run([memtrade, "compare", str(base), str(cur), "--json", str(out)], capture_output=True, text=True)
+    if cp.returncode not in (0, 1):
+        sys.exit(f"memtrade compare failed ({cp.returncode}): {cp.stderr}")
+    return json.loads(out.read_text())
+
+
+def rows(doc, metric):
+    return [r for r in doc["rows"] if r["metric"] == metric]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="results files of identical code (10 or more)")
+    ap.add_argument("--memtrade", default="build/release/memtrade")
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--factors", default="1.10,1.25")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workdir", default="build/gate-resample")
+    a = ap.parse_args()
+    if len(a.runs) < 10:
+        sys.exit("need at least 10 runs (two disjoint halves of 5)")
+    factors = [float(f) for f in a.factors.split(",")]
+    rng = random.Random(a.seed)
+    work = Path(a.workdir)
+    false_alarms = checks_identical = 0
+    alarm_cases = {}
+    found = {f: 0 for f in factors}
+    total = {f: 0 for f in factors}
+    unstable = {f: 0 for f in factors}
+    mem_hit = mem_total = ver_hit = ver_total = 0
+    for t in range(a.trials):
+        pick = rng.sample(a.runs, 10)
+        base, cand = pick[:5], pick[5:]
+        write_half(base, work / "base")
+        write_half(cand, work / "cand")
+        doc = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json")
+        time_rows = rows(doc, "time")
+        checks_identical += len(time_rows)
+        for r in time_rows:
+            if r["regression"]:
+                false_alarms += 1
+                alarm_cases[r["name"]] = alarm_cases.get(r["name"], 0) + 1
+        other = [r for r in doc["rows"] if r["regression"] and r["metric"] != "time"]
+        if other:
+            print(f"trial {t}: identical code, non-time regressions: {[(r['name'], r['metric']) for r in other][:5]}")
+            false_alarms += len(other)
+        for f in factors:
+            write_half(cand, work / "cand", scale_times(f))
+            d = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json")
+            tr = [r for r in rows(d, "time") if r["verdict"] != "not_compared"]
+            total[f] += len(tr)
+            found[f] += sum(r["regression"] for r in tr)
+            unstable[f] += sum(r["verdict"] == "unstable" for r in tr)
+        if t == 0:  # planted memory and verdict changes: deterministic, one trial is enough
+            write_half(cand, work / "cand", plant("peak_bytes", lambda v: v + 1))
+            d = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json")
+            pr = rows(d, "peak_bytes")
+            mem_total, mem_hit = len(pr), sum(r["regression"] for r in pr)
+            write_half(cand, work / "cand", plant("error_ok", lambda v: 0 if v == 1 else v))
+            d = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json")
+            vr = [r for r in rows(d, "error_ok") if r["baseline"] == 1]
+            ver_total, ver_hit = len(vr), sum(r["regression"] for r in vr)
+        print(f"trial {t + 1}/{a.trials}: {sum(r['regression'] for r in time_rows)} false alarm(s) in "
+              f"{len(time_rows)} time checks", flush=True)
+    ok = True
+    print(f"\nidentical code: {false_alarms} false alarm(s) in {checks_identical} time checks "
+          f"({a.trials} compares of 5 vs 5 runs; target 0)")
+    for name, n in sorted(alarm_cases.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {n}x {name}")
+    ok &= false_alarms == 0
+    for f in factors:
+        rate = found[f] / total[f] if total[f] else 0.0
+        target = 0.95 if f >= 1.25 else 0.80 if f >= 1.10 else 0.0
+        print(f"every case {f:.2f}x slower: {found[f]}/{total[f]} time checks flagged = {100 * rate:.1f}% "
+              f"(target {100 * target:.0f}%; {unstable[f]} unstable)")
+        ok &= rate >= target
+    print(f"peak_bytes + 1 B: {mem_hit}/{mem_total} flagged; error_ok 1 -> 0: {ver_hit}/{ver_total} flagged")
+    ok &= mem_hit == mem_total and ver_hit == ver_total and mem_total > 0
+    print("gate-resample:", "pass" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

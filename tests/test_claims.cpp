@@ -1,0 +1,281 @@
+// Every claim check on synthetic records, for each verdict it can take, with the shipped suite files'
+// measurable forms (bands, conditions), and do-nothing controls (a flash that is naive, a mixed policy
+// that keeps fp32, a loss scaler that does nothing, a quantizer that returns the weights) that must
+// never give `reproduced`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "app/techniques.hpp"
+#include "harness/claims.hpp"
+#include "harness/suite.hpp"
+#include "impls/quant/formats.hpp"
+
+using namespace memtrade;
+
+namespace {
+
+ClaimSpec shipped(const std::string& id) {
+  for (const auto& s : load_all_suites(default_suites_dir()))
+    for (const auto& c : s.claims)
+      if (c.id == id) return c;
+  throw Error("no claim " + id);
+}
+
+ClaimResult check(const std::string& technique, const std::string& id, const std::vector<Record>& recs) {
+  return registry().get(technique).claims.at(id)(shipped(id), recs);
+}
+
+Record rec(const std::string& technique, const std::string& impl, Json params, double x) {
+  Record r;
+  r.technique = technique;
+  r.impl = impl;
+  r.kase.params = std::move(params);
+  r.kase.id = case_id(r.kase.params);
+  r.kase.x = x;
+  return r;
+}
+
+// ---- attention ----
+
+Record attn(const char* impl, int64_t n, double extra, double seconds, const char* status = "ok") {
+  Record r = rec("attention", impl, Json{{"h", 4}, {"n", n}, {"d", 64}, {"causal", false}, {"dtype", "fp32"}, {"pass", "fwd"}},
+                 static_cast<double>(n));
+  r.status = status;
+  r.counters["peak_extra_bytes"] = extra;
+  r.times_s = {seconds, seconds * 1.001, seconds * 0.999};
+  return r;
+}
+
+std::vector<Record> fa_memory(bool flash_is_naive) {
+  std::vector<Record> recs;
+  for (int64_t n : {512, 1024, 2048, 4096}) {
+    const double naive = 16.0 * n * n, flash = flash_is_naive ? naive : 256.0 * n;
+    recs.push_back(attn("naive", n, naive, 1));
+    recs.push_back(attn("flash", n, flash, 1));
+  }
+  return recs;
+}
+
+}  // namespace
+
+TEST(ClaimRule, DecideAgainstABandWithUncertainty) {
+  const Band b{0.005, 0.01};
+  EXPECT_EQ(decide(0.007, 0.001, b), "reproduced");
+  EXPECT_EQ(decide(0.007, 0.004, b), "inconclusive");  // straddles both edges
+  EXPECT_EQ(decide(0.02, 0.005, b), "not_reproduced");
+  EXPECT_EQ(decide(-0.001, 0.001, b), "not_reproduced");
+  EXPECT_EQ(decide(0.0045, 0.001, b), "inconclusive");
+  EXPECT_EQ(decide(NAN, 0, b), "inconclusive");
+  EXPECT_EQ(decide(16, 0, Band{16, 16}), "reproduced");
+  EXPECT_EQ(decide(16.5, 0, Band{16, 16}), "not_reproduced");
+  EXPECT_EQ(decide(25, 0, Band{20, std::nullopt}), "reproduced");
+  EXPECT_EQ(decide(INFINITY, 0.01, Band{0.02, std::nullopt}), "reproduced");  // diverged: worse than any bound
+  EXPECT_EQ(combine_verdicts({"reproduced", "reproduced"}), "reproduced");
+  EXPECT_EQ(combine_verdicts({"reproduced", "not_reproduced"}), "not_reproduced");
+  EXPECT_EQ(combine_verdicts({"reproduced", "inconclusive"}), "inconclusive");
+  EXPECT_EQ(combine_verdicts({"not_reproduced", "inconclusive"}), "not_reproduced");
+  EXPECT_EQ(combine_verdicts({}), "inconclusive");
+  ClaimSpec bad;
+  bad.id = "x";
+  bad.data = Json{{"band", {1, 0}}};
+  EXPECT_THROW(claim_band(bad), Error);
+  bad.data = Json{{"band", "wide"}};
+  EXPECT_THROW(claim_band(bad), Error);
+  EXPECT_THROW(claim_band(bad, "needs_band"), Error);
+}
+
+TEST(Claims, EveryShippedClaimHasAMeasurableFormAndACheck) {
+  for (const auto& s : load_all_suites(default_suites_dir()))
+    for (const auto& c : s.claims) {
+      EXPECT_TRUE(c.data.contains("quantity") && c.data["quantity"].is_string()) << c.id << ": no quantity";
+      EXPECT_TRUE(c.data.contains("conditions")) << c.id << ": no conditions";
+      EXPECT_NO_THROW(claim_band(c)) << c.id;
+      EXPECT_TRUE(registry().get(s.technique).claims.count(c.id)) << c.id << ": no check";
+    }
+}
+
+TEST(Claims, FaLinear) {
+  auto r = check("attention", "fa-linear", fa_memory(false));
+  EXPECT_EQ(r.verdict, "reproduced") << r.measured;
+  EXPECT_NE(r.measured.find("flash slope 1.00"), std::string::npos) << r.measured;
+  // A flash that is naive: quadratic, no saving.
+  r = check("attention", "fa-linear", fa_memory(true));
+  EXPECT_EQ(r.verdict, "not_reproduced") << r.measured;
+  // Naive out of memory at 4096: that point cannot be measured, and is named.
+  auto recs = fa_memory(false);
+  recs[6].status = "oom";
+  r = check("attention", "fa-linear", recs);
+  EXPECT_EQ(r.verdict, "inconclusive") << r.measured;
+  EXPECT_NE(r.note.find("naive oom"), std::string::npos) << r.note;
+  EXPECT_EQ(check("attention", "fa-linear", {}).verdict, "out_of_scope");
+}
+
+TEST(Claims, FaShort) {
+  // With 5% of run-to-run noise one run cannot place the ratio inside a 5%-wide band: at best
+  // inconclusive; clearly faster or clearly much slower contradicts the claim.
+  std::vector<Record> recs = {attn("naive", 512, 0, 1.0), attn("flash", 512, 0, 1.075)};
+  EXPECT_EQ(check("attention", "fa-short", recs).verdict, "inconclusive");
+  recs = {attn("naive", 512, 0, 1.0), attn("flash", 512, 0, 0.5), attn("naive", 1024, 0, 1.0), attn("flash", 1024, 0, 0.6)};
+  auto r = check("attention", "fa-short", recs);
+  EXPECT_EQ(r.verdict, "not_reproduced") << r.measured;
+  EXPECT_NE(r.measured.find("n=512: flash/naive 0.50"), std::string::npos) << r.measured;
+  // A flash that is naive: a ratio of 1 is neither 5-10% slower nor a contradiction.
+  recs = {attn("naive", 512, 0, 1.0), attn("flash", 512, 0, 1.0)};
+  EXPECT_NE(check("attention", "fa-short", recs).verdict, "reproduced");
+  // Reproduced is reachable when the noise allowance is small enough to resolve the band.
+  ClaimSpec precise = shipped("fa-short");
+  precise.data["noise"] = 0.005;
+  recs = {attn("naive", 512, 0, 1.0), attn("flash", 512, 0, 1.075)};
+  EXPECT_EQ(registry().get("attention").claims.at("fa-short")(precise, recs).verdict, "reproduced");
+  EXPECT_EQ(check("attention", "fa-short", {}).verdict, "out_of_scope");
+}
+
+// ---- precision ----
+
+namespace {
+
+// One training case under a policy; bytes per tag scale the fp32 figures.
+Record policy(const char* name, double state_bytes, double activation_bytes, double val_loss, double underflow = 0) {
+  Record r = rec("precision", name, Json{{"dim", 128}}, 128);
+  r.counters["params"] = 1000;
+  r.counters["peak_bytes_weights"] = state_bytes / 4;
+  r.counters["peak_bytes_master"] = state_bytes / 4;
+  r.counters["peak_bytes_grads"] = state_bytes / 4;
+  r.counters["peak_bytes_optimizer"] = state_bytes / 4;
+  r.counters["peak_bytes_activations"] = activation_bytes;
+  r.counters["peak_bytes"] = state_bytes + activation_bytes;
+  r.counters["model_state_bytes_per_param"] = state_bytes / 1000;
+  r.counters["val_loss"] = val_loss;
+  r.counters["diverged"] = 0;
+  r.counters["grad_underflow_fp16"] = underflow;
+  return r;
+}
+
+}  // namespace
+
+TEST(Claims, MixedPrecisionMemory) {
+  // fp32: 16 kB of state, 64 kB of activations; bf16-mixed halves the activations only.
+  std::vector<Record> recs = {policy("fp32", 16000, 64000, 2.0), policy("bf16-mixed", 16000, 32000, 2.0),
+                              policy("fp16-mixed", 16000, 32000, 2.0)};
+  EXPECT_EQ(check("precision", "mp-half", recs).verdict, "reproduced");  // 48/80 = 0.6
+  EXPECT_EQ(check("precision", "mp-40", recs).verdict, "reproduced");    // 40% saved
+  EXPECT_EQ(check("precision", "mp-16B", recs).verdict, "reproduced");
+  // Small activations: state dominates, the saving is small.
+  recs = {policy("fp32", 16000, 4000, 2.0), policy("bf16-mixed", 16000, 2000, 2.0), policy("fp16-mixed", 16000, 2000, 2.0)};
+  EXPECT_EQ(check("precision", "mp-half", recs).verdict, "not_reproduced");
+  EXPECT_EQ(check("precision", "mp-40", recs).verdict, "not_reproduced");
+  // A "mixed" policy that keeps everything in fp32 (and a second fp32 copy): never reproduced.
+  recs = {policy("fp32", 16000, 64000, 2.0), policy("bf16-mixed", 20000, 64000, 2.0), policy("fp16-mixed", 20000, 64000, 2.0)};
+  EXPECT_EQ(check("precision", "mp-half", recs).verdict, "not_reproduced");
+  EXPECT_EQ(check("precision", "mp-40", recs).verdict, "not_reproduced");
+  EXPECT_EQ(check("precision", "mp-16B", recs).verdict, "not_reproduced");
+  EXPECT_EQ(check("precision", "mp-half", {}).verdict, "out_of_scope");
+}
+
+TEST(Claims, Fp16Range) {
+  // Unscaled fp16 loses 20% of gradient values and ends 5% worse; scaled fp16 and bf16 match fp32.
+  std::vector<Record> recs = {policy("fp32", 1, 1, 2.00), policy("fp16-mixed", 1, 1, 2.002, 1e-4),
+                              policy("fp16-mixed-noscale", 1, 1, 2.10, 0.2), policy("bf16-mixed", 1, 1, 2.01)};
+  EXPECT_EQ(check("precision", "fp16-range", recs).verdict, "reproduced");
+  // Unscaled fp16 diverged: training needs the scaling.
+  recs[2].counters["diverged"] = 1;
+  EXPECT_EQ(check("precision", "fp16-range", recs).verdict, "reproduced");
+  // Underflow happened but training reached the same loss: the consequence is not there.
+  recs[2].counters["diverged"] = 0;
+  recs[2].counters["val_loss"] = 2.003;
+  EXPECT_EQ(check("precision", "fp16-range", recs).verdict, "not_reproduced");
+  // A loss scaler that does nothing: fp16-mixed is the unscaled run, so there is no difference to see.
+  recs = {policy("fp32", 1, 1, 2.00), policy("fp16-mixed", 1, 1, 2.10, 0.2), policy("fp16-mixed-noscale", 1, 1, 2.10, 0.2),
+          policy("bf16-mixed", 1, 1, 2.01)};
+  EXPECT_NE(check("precision", "fp16-range", recs).verdict, "reproduced");
+  // A model whose gradients do not reach fp16's underflow range cannot show the claim.
+  recs = {policy("fp32", 1, 1, 2.00), policy("fp16-mixed", 1, 1, 2.002, 0), policy("fp16-mixed-noscale", 1, 1, 2.003, 1e-4),
+          policy("bf16-mixed", 1, 1, 2.01)};
+  const auto r = check("precision", "fp16-range", recs);
+  EXPECT_EQ(r.verdict, "inconclusive") << r.note;
+  EXPECT_NE(r.note.find("does not exercise"), std::string::npos) << r.note;
+}
+
+// ---- quant_model ----
+
+namespace {
+
+// A model-level quantization record: perplexity change `delta` +- se, per-batch losses fp32 + offset.
+Record qm(const char* quantizer, const char* format, double delta, double se, double weight_err = 0.1,
+          std::vector<double> batch = {}) {
+  Record r = rec("quant_model", quantizer, Json{{"format", format}}, 128);
+  r.status = "ok";
+  r.counters["perplexity_rel_delta"] = delta;
+  r.counters["perplexity_rel_delta_se"] = se;
+  r.counters["rel_l2_err"] = weight_err;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    char key[48];
+    std::snprintf(key, sizeof key, "val_loss_batch_%03zu", i);
+    r.counters[key] = batch[i];
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(Claims, Int8LosslessAndInt4Band) {
+  // A model that reacts to INT4 (+0.8%, RTN +1.5%), and INT8 within 0.1%.
+  std::vector<Record> recs = {qm("rtn", "int8", 0.001, 0.0002), qm("rtn", "int4-g128", 0.015, 0.0005),
+                              qm("gptq", "int4-g128", 0.009, 0.0003), qm("awq", "int4-g128", 0.008, 0.0003)};
+  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "reproduced");
+  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "reproduced");
+  // INT8 loses 5%: not lossless. INT4's best loses 3%: outside the 0.5-1% band.
+  recs[0].counters["perplexity_rel_delta"] = 0.05;
+  for (int i : {2, 3}) recs[i].counters["perplexity_rel_delta"] = 0.03;
+  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "not_reproduced");
+  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "not_reproduced");
+  // A model too small to show quantization error (INT4 lowers perplexity within noise): inconclusive.
+  recs = {qm("rtn", "int8", 0.0, 0.0002), qm("rtn", "int4-g128", -0.001, 0.0005), qm("gptq", "int4-g128", -0.0003, 0.0003),
+          qm("awq", "int4-g128", -0.0011, 0.0003)};
+  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "inconclusive");
+  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "inconclusive");
+  // A quantizer that returns the weights unchanged: an error, never reproduced.
+  recs = {qm("rtn", "int8", 0.0, 0.0001, 0.0), qm("rtn", "int4-g128", 0.0, 0.0001, 0.0),
+          qm("gptq", "int4-g128", 0.0, 0.0001, 0.0), qm("awq", "int4-g128", 0.0, 0.0001, 0.0)};
+  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "error");
+  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "error");
+  EXPECT_EQ(check("quant_model", "int4-mmlu", {}).verdict, "out_of_scope");
+}
+
+TEST(Claims, AwqRobust) {
+  const std::vector<double> base = {2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 1.98, 2.01};
+  auto shifted = [&](double d, double jitter) {
+    std::vector<double> v = base;
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] += d + jitter * ((i % 3) - 1.0);
+    return v;
+  };
+  // GPTQ's loss 0.01 above AWQ's on every batch: AWQ better beyond the noise.
+  std::vector<Record> recs = {qm("awq", "int4-g128", 0.01, 0.001, 0.1, shifted(0.0, 0.0)),
+                              qm("gptq", "int4-g128", 0.02, 0.001, 0.1, shifted(0.01, 0.001))};
+  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "reproduced");
+  recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(-0.01, 0.001));
+  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "not_reproduced");
+  recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(0.0005, 0.02));  // a tiny gap inside the noise
+  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "inconclusive");
+  // AWQ that returns the weights: an error.
+  recs[0].counters["rel_l2_err"] = 0;
+  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "error");
+}
+
+// ---- quant ----
+
+TEST(Claims, Int4SevenBillionFromTheValidatedMemoryModel) {
+  auto r = check("quant", "int4-7b", {});
+  EXPECT_EQ(r.verdict, "reproduced") << r.measured;
+  EXPECT_NE(r.note.find("memory model"), std::string::npos);
+  // A measured blob that disagrees with the layout: the model is wrong, which is an error.
+  Record blob = rec("quant", "packed", Json{{"n", 4096}, {"k", 4096}, {"format", "int4-g128"}}, 4096);
+  blob.counters["weight_bytes"] =
+      static_cast<double>(quant::layout(quant::parse_spec("int4-g128"), 4096, 4096).total_bytes());
+  r = check("quant", "int4-7b", {blob});
+  EXPECT_EQ(r.verdict, "reproduced") << r.note;
+  EXPECT_NE(r.note.find("validated against 1 measured"), std::string::npos) << r.note;
+  blob.counters["weight_bytes"] += 64;
+  EXPECT_EQ(check("quant", "int4-7b", {blob}).verdict, "error");
+}
