@@ -334,10 +334,18 @@ std::vector<LoadedResults> load_side(const std::string& spec) {
   return out;
 }
 
+// Writes `text` to `path` or throws naming it (an output a nightly job expects must not go missing silently).
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw Error("cannot write " + path);
+}
+
 int write_compare(const Args& a, const CompareResult& r, const std::string& title) {
   std::printf("%s\n%s", title.c_str(), format_compare(r, false).c_str());
-  if (a.has("--markdown")) std::ofstream(a.get("--markdown")) << format_compare(r, true);
-  if (a.has("--json")) std::ofstream(a.get("--json")) << compare_to_json(r).dump(1) << "\n";
+  if (a.has("--markdown")) write_file(a.get("--markdown"), format_compare(r, true));
+  if (a.has("--json")) write_file(a.get("--json"), compare_to_json(r).dump(1) + "\n");
   return r.regressions > 0 ? 1 : 0;
 }
 
@@ -512,7 +520,7 @@ int cmd_probe(const Args& a) {
     const bool flops = k.find("flops") != std::string::npos;
     std::printf("%-24s %10.2f %s\n", k.c_str(), v / (flops ? 1e9 : 1e9), flops ? "GFLOP/s" : "GB/s");
   }
-  if (a.has("--out")) std::ofstream(a.get("--out")) << j.dump(1) << "\n";
+  if (a.has("--out")) write_file(a.get("--out"), j.dump(1) + "\n");
   return 0;
 }
 

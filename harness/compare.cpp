@@ -114,9 +114,13 @@ void compare_claims(const LoadedResults& base, const LoadedResults& cur, const C
     }
 }
 
-const Summary* find_case(const LoadedResults& r, const std::string& name) {
+// A record's identity: its name (suite/case/impl) and its backend. CPU and CUDA implementations may share
+// a name (attention's naive and flash); a non-CPU record is shown as "name (backend)".
+std::string record_id(const Summary& s) { return s.backend.empty() || s.backend == "cpu" ? s.name : s.name + " (" + s.backend + ")"; }
+
+const Summary* find_case(const LoadedResults& r, const std::string& id) {
   for (const auto& s : r.cases)
-    if (s.name == name) return &s;
+    if (record_id(s) == id) return &s;
   return nullptr;
 }
 
@@ -208,7 +212,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     return o.time_min_effect;
   };
   std::map<std::string, const Summary*> cur_by_name;
-  for (const auto& s : cur.cases) cur_by_name[s.name] = &s;
+  for (const auto& s : cur.cases) cur_by_name[record_id(s)] = &s;
   std::set<std::string> base_names;
   std::set<std::string> noted_backends;
   int untestable = 0;  // time checks with too few (stable) runs for the test to reach alpha
@@ -220,17 +224,18 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
   };
 
   for (const auto& b : base.cases) {
-    base_names.insert(b.name);
-    auto it = cur_by_name.find(b.name);
+    const std::string id = record_id(b);
+    base_names.insert(id);
+    auto it = cur_by_name.find(id);
     if (it == cur_by_name.end()) {
-      add({b.name, "case", b.status, nullptr, "", "missing",
+      add({id, "case", b.status, nullptr, "", "missing",
            o.allow_missing ? "not in the current results (allowed)" : "not in the current results", !o.allow_missing});
       continue;
     }
     const Summary& c = *it->second;
     if (b.status != c.status) {
       const bool worse = b.status == "ok" || (b.status == "skipped" && c.status == "error");
-      add({b.name, "status", b.status, c.status, b.status + " -> " + c.status, worse ? "regression" : "status_changed",
+      add({id, "status", b.status, c.status, b.status + " -> " + c.status, worse ? "regression" : "status_changed",
            c.detail, worse});
       continue;
     }
@@ -242,7 +247,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     for (const auto& [k, bv] : b.counters)
       if (k.rfind("choice_", 0) == 0 && c.counters.count(k) && c.counters.at(k) != bv) changed_choice = k;
     if (!changed_choice.empty()) {
-      add({b.name, changed_choice, num(b.counters.at(changed_choice)), num(c.counters.at(changed_choice)), "",
+      add({id, changed_choice, num(b.counters.at(changed_choice)), num(c.counters.at(changed_choice)), "",
            "not_compared", "the dispatcher chose another implementation than in the baseline", false});
       continue;
     }
@@ -253,11 +258,11 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
       const double cv = have ? cit->second : std::nan("");
       if (is_memory_metric(k)) {
         if (!have) {
-          add({b.name, k, num(bv), nullptr, "", "missing", "metric not in the current results", true});
+          add({id, k, num(bv), nullptr, "", "missing", "metric not in the current results", true});
           continue;
         }
         const double d = cv - bv;
-        CompareRow row{b.name, k, num(bv), num(cv), (d >= 0 ? "+" : "") + fmt("%.0f B", d), "ok", "", false};
+        CompareRow row{id, k, num(bv), num(cv), (d >= 0 ? "+" : "") + fmt("%.0f B", d), "ok", "", false};
         if (d > o.memory_tolerance_bytes) {
           row.verdict = "regression";
           row.regression = true;
@@ -267,7 +272,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         }
         // Exact and repeatable: every current run must have recorded the same figure.
         for (std::size_t r = 1; r < cur_runs.size() && !row.regression; ++r)
-          if (const Summary* other = find_case(cur_runs[r], b.name); other && other->status == "ok") {
+          if (const Summary* other = find_case(cur_runs[r], id); other && other->status == "ok") {
             const auto o_it = other->counters.find(k);
             if (o_it != other->counters.end() && o_it->second != cv) {
               row.verdict = "regression";
@@ -277,7 +282,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
           }
         add(row);
       } else if (k == "untracked_bytes") {
-        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        CompareRow row{id, k, num(bv), num(cv), "", "ok", "", false};
         if (!have || !std::isfinite(cv)) {
           row.verdict = "not_compared";
           row.detail = "not recorded in the current run (no heap probe in this build)";
@@ -297,7 +302,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         }
         add(row);
       } else if (is_error_metric(k)) {
-        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        CompareRow row{id, k, num(bv), num(cv), "", "ok", "", false};
         const bool gated = k == "rel_l2_err";
         const double floor = std::max(o.error_floor, o.error_floor_u * case_unit_roundoff(c));
         if (std::isfinite(bv) && !std::isfinite(cv)) {
@@ -317,7 +322,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         }
         add(row);
       } else if (k == "error_ok") {
-        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        CompareRow row{id, k, num(bv), num(cv), "", "ok", "", false};
         if (have && cv == 0 && bv != 0) {
           row.verdict = "regression";
           row.regression = true;
@@ -328,7 +333,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         }
         add(row);
       } else if (is_count_metric(k)) {
-        CompareRow row{b.name, k, num(bv), num(cv), "", "ok", "", false};
+        CompareRow row{id, k, num(bv), num(cv), "", "ok", "", false};
         if (!(cv <= bv)) {
           row.verdict = "regression";
           row.regression = true;
@@ -337,20 +342,20 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         add(row);
       } else if (const Json* m = declared_metric(cur, base, c, k)) {
         const std::string gate = m->value("gate", "report");
-        if (gate != "report" && gate != "time") add(judge_declared(b.name, k, *m, bv, cv, have));
+        if (gate != "report" && gate != "time") add(judge_declared(id, k, *m, bv, cv, have));
       }
     }
     // Counters the baseline does not have: listed (a new peak tag, a new metric).
     for (const auto& [k, cv] : c.counters)
       if (!b.counters.count(k)) {
-        CompareRow row{b.name, k, nullptr, num(cv), "", "new_metric", "not in the baseline", false};
+        CompareRow row{id, k, nullptr, num(cv), "", "new_metric", "not in the baseline", false};
         if (k == "untracked_bytes" && cv > o.untracked_allowance_bytes)
           row.detail += "; " + format_bytes(cv) + " allocated outside the tracked pools";
         if (k != "error_ok") add(row);
       }
     // A verdict against the oracle that fails now where the baseline did not record one.
     if (!b.counters.count("error_ok") && c.counters.count("error_ok") && c.counters.at("error_ok") == 0)
-      add({b.name, "error_ok", nullptr, 0, "", "regression",
+      add({id, "error_ok", nullptr, 0, "", "regression",
            "the error is outside the technique's rule against the float64 oracle: " + c.detail, true});
 
     // Time, over the runs of each side.
@@ -359,7 +364,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     std::string why;
     auto collect = [&](const std::vector<LoadedResults>& runs, std::vector<double>& out) {
       for (const auto& run : runs) {
-        const Summary* s = find_case(run, b.name);
+        const Summary* s = find_case(run, id);
         if (!s || s->status != "ok" || s->times_s.empty()) continue;
         const RunTime t = summarize_run(*s, o);
         if (t.stable) out.push_back(t.median);
@@ -378,17 +383,17 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
       if (noted_backends.insert(b.backend).second)
         R.notes.push_back("time not compared on " + b.backend + ": baseline machine class '" + mb +
                           "' differs from current '" + mc + "'");
-      add({b.name, "time", nullptr, nullptr, "", "not_compared", "different machine class", false});
+      add({id, "time", nullptr, nullptr, "", "not_compared", "different machine class", false});
       continue;
     }
     if (bt.empty() || ct.empty()) {
       R.unstable.push_back(b.name);
-      add({b.name, "time", nullptr, nullptr, "", "unstable", "no stable run on one side (" + why + ")", false});
+      add({id, "time", nullptr, nullptr, "", "unstable", "no stable run on one side (" + why + ")", false});
       continue;
     }
     const double effect = min_effect_of(b.name);
     const auto t = stats::compare_runs(bt, ct);
-    CompareRow row{b.name, "time", num(t.baseline_median), num(t.candidate_median), fmt("%+.1f%%", 100 * (t.ratio - 1)),
+    CompareRow row{id, "time", num(t.baseline_median), num(t.candidate_median), fmt("%+.1f%%", 100 * (t.ratio - 1)),
                    "ok",
                    fmt("median of run medians %.4g s", t.baseline_median) + " (" + std::to_string(bt.size()) +
                        " runs)" + fmt(" -> %.4g s", t.candidate_median) + " (" + std::to_string(ct.size()) + " runs)" +
@@ -429,7 +434,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
                       " (time gates on independent runs: 5 a side at alpha 0.01, e.g. memtrade ab --runs 5)");
   compare_claims(base, cur, o, add);
   for (const auto& c : cur.cases)
-    if (!base_names.count(c.name)) add({c.name, "case", nullptr, c.status, "", "new", "not in the baseline", false});
+    if (!base_names.count(record_id(c))) add({record_id(c), "case", nullptr, c.status, "", "new", "not in the baseline", false});
   return R;
 }
 

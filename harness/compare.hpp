@@ -25,6 +25,8 @@
 //   new counters (a new peak tag, a metric the baseline lacks) are listed as new_metric.
 //   claims: a verdict leaving `reproduced` while the claim's suite entry is unchanged is a regression, and
 //     so is an `error` verdict (a check that failed); other verdict changes are listed.
+//   identity: a record is its name and its backend (CPU and CUDA implementations may share a name); rows
+//     name a non-CPU record "suite/case/impl (backend)".
 //   status: ok -> oom/error/skipped is a regression; missing cases are regressions unless allowed.
 //   choice: a case whose choice_* counter (a dispatcher's decision) differs from the baseline's ran a
 //     different implementation; it is listed as not compared.
@@ -81,7 +83,7 @@ struct CompareResult {
   int regressions = 0;
   int checks = 0;
   int baseline_runs = 1, current_runs = 1;
-  std::vector<std::string> unstable;  // cases whose time verdict needs more stable runs
+  std::vector<std::string> unstable;  // record names (suite/case/impl, for run --filter) whose time verdict needs more stable runs
 };
 
 // Several runs per side: memory, error and counters from the first run of each (memory must be equal

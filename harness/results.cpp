@@ -171,11 +171,28 @@ Json record_entries(const Record& r) {
   return out;
 }
 
+void check_writable(const std::filesystem::path& path) {
+  if (path.empty()) throw Error("no results file named");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error("results file " + path.string() + " is a folder");
+  if (path.has_parent_path()) {
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) throw Error("cannot create the folder of results file " + path.string() + ": " + ec.message());
+  }
+  // The writer's own temporary name: nobody reads it, and the writer replaces it anyway.
+  const auto probe = path.string() + ".partial.tmp";
+  {
+    std::ofstream out(probe, std::ios::trunc);
+    if (!out) throw Error("cannot write results file " + path.string() + " (" + probe + " cannot be created)");
+  }
+  std::filesystem::remove(probe, ec);
+}
+
 ResultsWriter::ResultsWriter(std::filesystem::path path, Json context) : path_(std::move(path)) {
   doc_["context"] = std::move(context);
   doc_["benchmarks"] = Json::array();
   doc_["claims"] = Json::array();
-  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
+  check_writable(path_);
   flush();
 }
 
@@ -194,14 +211,19 @@ void ResultsWriter::add_claim(const ClaimSpec& spec, const ClaimResult& result) 
 }
 
 void ResultsWriter::flush() const {
-  const auto tmp = path_.string() + ".partial";
+  const auto partial = path_.string() + ".partial", tmp = partial + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw Error("cannot write results file " + tmp);
     out << doc_.dump(1) << "\n";
     if (!out) throw Error("error writing results file " + tmp);
   }
-  std::filesystem::rename(tmp, path_);
+  std::filesystem::rename(tmp, partial);
+}
+
+void ResultsWriter::finish() const {
+  flush();
+  std::filesystem::rename(path_.string() + ".partial", path_);
 }
 
 LoadedResults load_results(const std::filesystem::path& path) {

@@ -7,8 +7,10 @@
 //   its status ("oom", "skipped", "error") and status_detail],
 //  "claims": [{id, statement, source, expected, measured, verdict, note}]}
 //
-// The writer rewrites the whole file atomically after every case, so a crash loses at most the
-// case in progress. Non-finite counters are written as null.
+// The writer keeps the run in `F.partial` (rewritten atomically after every case: a crash loses at most
+// the case in progress, and what finished is readable there) and replaces F only at the end (finish()),
+// so an earlier results file F survives a run that is killed or fails. Non-finite counters are written
+// as null.
 #pragma once
 
 #include <filesystem>
@@ -38,12 +40,16 @@ Json build_context(const RunInfo& info);
 // The machine classes this process would record: {"cpu": "...", "cuda": "..."} (cuda only with a device).
 Json machine_classes();
 
+// Throws Error unless `path` can be written (a file in a folder that exists or can be made, not a folder).
+void check_writable(const std::filesystem::path& path);
+
 class ResultsWriter {
  public:
   ResultsWriter(std::filesystem::path path, Json context);
   void add(const Record& r);
   void add_claim(const ClaimSpec& spec, const ClaimResult& result);
-  void flush() const;
+  void flush() const;   // F.partial
+  void finish() const;  // F.partial -> F
 
  private:
   std::filesystem::path path_;

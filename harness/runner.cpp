@@ -4,6 +4,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <regex>
@@ -291,11 +292,21 @@ std::vector<Case> apply_overrides(const Technique& t, const SuiteSpec& s, const 
   return out;
 }
 
+namespace {
+std::string s_join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : ",") + x;
+  return out;
+}
+}  // namespace
+
 RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
   const auto dir = opts.suites_dir.empty() ? default_suites_dir() : opts.suites_dir;
   std::vector<SuiteSpec> suites;
   const auto all = load_all_suites(dir);
+  if (opts.suites.empty()) throw Error("no suite named (--suite takes names separated by commas, or all)");
   for (const auto& name : opts.suites) {
+    if (std::any_of(suites.begin(), suites.end(), [&](const SuiteSpec& s) { return s.name == name; })) continue;
     if (name == "all") {
       suites = all;
       break;
@@ -349,6 +360,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     info.repetitions = std::max(info.repetitions, opts.repetitions.value_or(s.profile(opts.profile).repetitions));
   }
 
+  check_writable(opts.out);  // before the minutes of probing and training
   std::unique_ptr<Device> cpu, cuda;
   std::string cuda_reason;
   if (want_cpu) cpu = make_cpu_device();
@@ -359,6 +371,9 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       cuda_reason = e.what();
     }
   }
+  // Asked for CUDA alone and none is usable: an error, not a run of skipped cases that exits 0 (a
+  // nightly GPU job with a broken driver must fail). --backend auto records the CUDA cases as skipped.
+  if (opts.backend == "cuda" && !cuda) throw Error("--backend cuda: no usable CUDA device (" + cuda_reason + ")");
   if (opts.verbose && opts.probe) std::printf("memtrade: measuring machine ceilings...\n");
   if (cpu && opts.probe) info.ceilings = probe_cpu();
   if (cuda && opts.probe)
@@ -437,6 +452,13 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       if (opts.verbose) std::printf("claim %-14s %-15s %s\n", claim.id.c_str(), res.verdict.c_str(), res.measured.c_str());
     }
   }
+  if (sum.ok + sum.oom + sum.skipped + sum.error == 0) {
+    std::filesystem::remove(opts.out.string() + ".partial");
+    throw Error("the selection ran nothing (suites " + s_join(info.suites) + ", profile " + opts.profile + ", backend " +
+                opts.backend + (opts.filter.empty() ? "" : ", filter '" + opts.filter + "'") +
+                "): no case has an implementation that applies; see memtrade list");
+  }
+  writer.finish();
   if (opts.verbose)
     std::printf("memtrade: %d ok, %d oom, %d skipped, %d error; results in %s\n", sum.ok, sum.oom, sum.skipped,
                 sum.error, opts.out.c_str());

@@ -236,9 +236,14 @@ def collect_cases(results):
         if not isinstance(e, dict) or "name" not in e:
             continue
         name = e.get("run_name") or e["name"]
+        # A record is its name and its backend: CPU and CUDA implementations may share a name (as compare
+        # names them: "suite/case/impl (cuda)").
+        backend = e.get("backend", "") or ""
+        if backend and backend != "cpu":
+            name = f"{name} ({backend})"
         c = cases.get(name)
         if c is None:
-            parts = name.split("/")
+            parts = (e.get("run_name") or e["name"]).split("/")
             suite = e.get("suite") or parts[0]
             params = e.get("case") if isinstance(e.get("case"), dict) else {}
             if not params and len(parts) >= 3:

@@ -557,7 +557,12 @@ def check_no_gpu() -> str | None:
 
 
 def check_kill_mid_run() -> str:
-    out = fresh("E.json")
+    # An earlier results file must survive a rerun that is killed: the run works in E.json.partial.
+    out = path("E.json")
+    partial = path("E.json.partial")
+    previous = {"context": {"memtrade": {"note": "an earlier run"}}, "benchmarks": [], "claims": []}
+    out.write_text(json.dumps(previous))
+    partial.unlink(missing_ok=True)
     log = path("E.log")
     # More repetitions than the profile's 9 only to keep the run going well past the second case.
     cmd = [str(CTX.memtrade), "run", "--suite", "gemm", "--profile", "quick", "--backend", "cpu",
@@ -566,18 +571,16 @@ def check_kill_mid_run() -> str:
         proc = subprocess.Popen(cmd, cwd=CTX.workdir, stdout=logf, stderr=subprocess.STDOUT)
     seen: list = []
     seen_ok: list[str] = []
-    polls = 0
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists():
-                text = out.read_text()
-                polls += 1
+            if partial.exists():
+                text = partial.read_text()
                 try:
                     doc = json.loads(text)
                 except json.JSONDecodeError as e:
-                    raise CheckFailed(f"E.json read while the run was going was not valid JSON ({e}): the "
-                                      f"results file is not replaced atomically ({len(text)} bytes read)")
+                    raise CheckFailed(f"E.json.partial read while the run was going was not valid JSON ({e}): it "
+                                      f"is not replaced atomically ({len(text)} bytes read)")
                 seen = doc.get("benchmarks", [])
                 seen_ok = sorted({e.get("run_name") for e in seen if e.get("status") == "ok"})
                 if len(seen_ok) >= 2:
@@ -594,16 +597,50 @@ def check_kill_mid_run() -> str:
     log_text = log.read_text(errors="replace") if log.exists() else ""
     if not alive:
         raise CheckFailed(f"the run ended (exit {proc.returncode}) before it could be killed with 2 ok cases in "
-                          f"E.json (seen: {seen_ok})\n--- output ---\n{tail(log_text)}")
-    expect(len(seen_ok) >= 2, f"E.json never held 2 ok cases within 120 s (seen: {seen_ok})\n"
+                          f"E.json.partial (seen: {seen_ok})\n--- output ---\n{tail(log_text)}")
+    expect(len(seen_ok) >= 2, f"E.json.partial never held 2 ok cases within 120 s (seen: {seen_ok})\n"
            f"--- output ---\n{tail(log_text)}")
-    doc = load("E.json")
-    expect(isinstance(doc.get("context", {}).get("memtrade"), dict), "E.json after kill -9 has no context.memtrade")
+    expect(json.loads(out.read_text()) == previous, "E.json (the earlier results) was changed by a run that was killed")
+    doc = load("E.json.partial")
+    expect(isinstance(doc.get("context", {}).get("memtrade"), dict), "E.json.partial after kill -9 has no context.memtrade")
     kept = doc["benchmarks"]
-    expect(kept[: len(seen)] == seen, f"E.json after kill -9 lost entries it held before the kill: had "
+    expect(kept[: len(seen)] == seen, f"E.json.partial after kill -9 lost entries it held before the kill: had "
            f"{len(seen)}, now {len(kept)}")
-    return (f"kill -9 mid-run: E.json still parses and holds the {len(seen_ok)} ok cases "
-            f"({len(kept)} entries) written before the kill")
+    return (f"kill -9 mid-run: the earlier E.json is intact; E.json.partial parses and holds the {len(seen_ok)} ok "
+            f"cases ({len(kept)} entries) written before the kill")
+
+
+def check_nightly_exit_codes() -> str:
+    # What a nightly job relies on: a selection that runs nothing, an unusable requested backend and an
+    # output that cannot be written are errors (exit 2), and the previous results file is untouched.
+    keep = path("K.json")
+    keep.write_text('{"benchmarks": [], "note": "keep me"}')
+    cp = memtrade(*RUN_TEST, "--filter", "no-such-case-xyz", "--out", "K.json")
+    expect_rc(cp, 2, "run whose --filter selects nothing")
+    expect("ran nothing" in cp.stderr, "a run that selects nothing does not say so", cp)
+    expect(json.loads(keep.read_text()).get("note") == "keep me", "a failed run replaced the earlier K.json")
+    cp = memtrade("run", "--suite", ",", "--out", "K.json")
+    expect_rc(cp, 2, "run --suite ,")
+    d = path("adir")
+    d.mkdir(exist_ok=True)
+    cp = memtrade(*RUN_TEST, "--out", "adir")
+    expect_rc(cp, 2, "run --out naming a folder")
+    expect("is a folder" in cp.stderr, "run --out DIR does not say it is a folder", cp)
+    cp = memtrade("compare", "A.json", "B.json", "--time", "report", "--json", "/proc/no/such/dir/c.json")
+    expect_rc(cp, 2, "compare --json to an unwritable path")
+    if not cuda_available():
+        cp = memtrade("run", "--suite", "gemm", "--profile", "test", "--backend", "cuda", "--out", "K.json")
+        expect_rc(cp, 2, "run --backend cuda without a usable device")
+        expect("no usable CUDA device" in cp.stderr, "run --backend cuda without a device does not say why", cp)
+    # A suite named twice runs once.
+    fresh("twice.json")
+    cp = memtrade(*RUN_TEST[:2], "gemm,gemm", *RUN_TEST[3:], "--filter", "n=24,dtype=fp32/reference", "--out", "twice.json")
+    expect_rc(cp, 0, "run --suite gemm,gemm")
+    names = [e["name"] for e in load("twice.json")["benchmarks"] if e.get("run_type") == "iteration"]
+    expect(len(names) == len(set(names)) * 3, f"--suite gemm,gemm ran a case twice: {names}")
+    return ("exit 2 for a selection that runs nothing (earlier results kept), --suite ',', --out a folder, an "
+            "unwritable --json" + ("" if cuda_available() else ", --backend cuda without a device") +
+            "; --suite gemm,gemm runs once")
 
 
 def check_report() -> str | None:
@@ -658,6 +695,7 @@ CHECKS = [
     check_filter_and_set,
     check_no_gpu,
     check_kill_mid_run,
+    check_nightly_exit_codes,
     check_report,
     check_git_commit,
 ]

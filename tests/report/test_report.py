@@ -190,6 +190,40 @@ def check_single_file(checks, report, workdir, results):
               "clean compare says 'No regressions'; single file has no Trends section")
 
 
+def check_shared_names(checks, report, workdir, results):
+    """CPU and CUDA records with one name (a --backend auto run without a GPU: every CUDA case skipped)
+    are two records: the CPU plots and rows stay, beside the skipped CUDA rows."""
+    with open(results, encoding="utf-8") as f:
+        doc = json.load(f)
+    out_plain = os.path.join(workdir, "report-cpu.html")
+    r = run([sys.executable, report, results, "-o", out_plain])
+    checks.ok(r.returncode == 0, "report of the CPU records runs", r.stderr[-800:])
+    cuda = []
+    for e in doc["benchmarks"]:
+        if e.get("run_type", "iteration") == "iteration" and e.get("repetition_index", 0) == 0:
+            cuda.append({k: v for k, v in e.items() if k in ("name", "run_name", "suite", "technique", "impl", "role",
+                                                               "case_id", "case", "x")}
+                        | {"backend": "cuda", "run_type": "iteration", "repetitions": 0, "status": "skipped",
+                           "status_detail": "no CUDA device: test", "error_occurred": True})
+    doc["benchmarks"] += cuda
+    both = os.path.join(workdir, "results-with-cuda.json")
+    with open(both, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    out = os.path.join(workdir, "report-shared-names.html")
+    r = run([sys.executable, report, both, "-o", out])
+    checks.ok(r.returncode == 0, "report with CUDA records sharing the CPU names runs", r.stderr[-800:])
+    with open(out_plain, encoding="utf-8") as f:
+        plain = f.read()
+    with open(out, encoding="utf-8") as f:
+        html = f.read()
+    n_plain = len(re.findall(r'<img class="plot"', plain))
+    n_both = len(re.findall(r'<img class="plot"', html))
+    ok_rows = len(re.findall(r'class="st-ok"', html))
+    checks.ok(n_both >= n_plain > 0 and ok_rows == len(re.findall(r'class="st-ok"', plain)),
+              f"CUDA records sharing CPU names keep every CPU plot ({n_both} >= {n_plain}) and ok row ({ok_rows})",
+              f"plots {n_plain} -> {n_both}, ok rows -> {ok_rows}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Render test for the memtrade HTML report.")
     ap.add_argument("--report-script", required=True, help="path to scripts/report.py")
@@ -224,6 +258,7 @@ def main(argv=None):
         check_render(checks, chromium, workdir, html_path, n_plots)
         check_errors(checks, report, workdir, results[-1])
         check_single_file(checks, report, workdir, results[-1])
+        check_shared_names(checks, report, workdir, results[-1])
     except CheckFailed as e:
         print(f"report render test: FAILED after {checks.passed} passed check(s): {e}", file=sys.stderr)
         return 1
