@@ -127,8 +127,8 @@ double log_log_slope(const std::vector<std::pair<double, double>>& pts) {
 // fa-linear: "flash attention's memory is linear in the sequence length: 10x saving at 2K, 20x at 4K".
 // Per series (data: {"series": [{"where": {...}, "points": [{"n": 2048, "min_ratio": 10}, ...]}],
 // "band": [lo, hi]}): the slope of flash's extra bytes against n on log-log axes over every case of the
-// series that ran (band: linear), and naive's extra bytes over flash's at each point (at least
-// min_ratio). Exact figures (tracked bytes), so no uncertainty; a point where either implementation did
+// series that ran (band: at most linear; the CPU kernels' per-thread tiles are a constant, so the
+// forward's slope is near 0), and naive's extra bytes over flash's at each point (at least min_ratio). Exact figures (tracked bytes), so no uncertainty; a point where either implementation did
 // not run is inconclusive and named.
 ClaimResult check_fa_linear(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band slope_band = claim_band(spec);
