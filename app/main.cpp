@@ -69,7 +69,7 @@ const std::map<std::string, std::string> kHelp = {
      "  --suite S          suite name(s), comma-separated, or 'all'\n"
      "  --profile P        case grid profile (quick, full, ...; default quick)\n"
      "  --backend B        cpu | cuda | auto (default auto: both; CUDA cases record 'skipped' without a device)\n"
-     "  --out F            results file (rewritten after every case)\n"
+     "  --out F            results file (F.partial holds the finished cases while running; F is replaced at the end)\n"
      "  --capacity SIZE    device memory capacity, e.g. 24GiB, 80GB, 1048576; cases that need more record 'oom'\n"
      "  --repetitions N    repetitions per case (default from the profile)\n"
      "  --filter REGEX     run only records whose name (suite/case/impl) matches REGEX (ECMAScript, searched)\n"

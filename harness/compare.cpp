@@ -449,7 +449,7 @@ std::string format_compare(const CompareResult& r, bool md) {
   std::vector<const CompareRow*> shown;
   std::map<std::string, int> new_metrics;  // summarized in one line each: a new counter appears in many cases
   for (const auto& row : r.rows)
-    if (row.verdict == "new_metric" && !row.detail.empty() && row.detail == "not in the baseline") ++new_metrics[row.metric];
+    if (row.verdict == "new_metric") ++new_metrics[row.metric];
     else if (row.verdict != "ok") shown.push_back(&row);
   std::stable_sort(shown.begin(), shown.end(), [](auto* a, auto* b) { return a->regression > b->regression; });
   std::string out;
