@@ -77,6 +77,7 @@ const std::map<std::string, std::string> kHelp = {
      "                     technique's axes, see memtrade list TECHNIQUE); VALUE is JSON or a plain string\n"
      "  --suites-dir D     where suite files live (default: the source tree's suites/)\n"
      "  --no-probe         skip measuring the machine's ceilings (no frac_of_* counters)\n"
+     "  --list             print the records the selection would run (suite/case/impl) and exit\n"
      "  --quiet            no per-case lines\n"},
     {"compare",
      "usage: memtrade compare BASELINE CURRENT [options]\n"
@@ -252,7 +253,7 @@ int cmd_list(const Args& a) {
 int cmd_run(const Args& a) {
   if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
   if (!a.has("--suite")) throw Usage("run needs --suite");
-  if (!a.has("--out")) throw Usage("run needs --out");
+  if (!a.has("--out") && !a.has("--list")) throw Usage("run needs --out");
   RunOptions o;
   o.suites = split(a.get("--suite"), ',');
   o.profile = a.get("--profile", "quick");
@@ -279,6 +280,7 @@ int cmd_run(const Args& a) {
     }
   o.verbose = !a.has("--quiet");
   o.probe = !a.has("--no-probe");
+  o.list_only = a.has("--list");
   auto s = run_suites(registry(), o);
   return s.error > 0 ? 3 : 0;
 }
@@ -547,7 +549,7 @@ int main(int argc, char** argv) {
       return cmd_run(Args(argc, argv, 2,
                           {"--suite", "--profile", "--backend", "--out", "--capacity", "--repetitions", "--filter",
                            "--set", "--suites-dir"},
-                          {"--quiet", "--no-probe"}));
+                          {"--quiet", "--no-probe", "--list"}));
     if (cmd == "compare") return cmd_compare(Args(argc, argv, 2, kCompareValued, {"--allow-missing"}));
     if (cmd == "ab") {
       auto valued = kCompareValued;

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <regex>
@@ -43,6 +44,18 @@ struct Invocation {
   int64_t iterations = 0;
   double wall_s = 0, cpu_s = 0;
 };
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
+  return buf;
+}
 
 // A heap probe window that closes even when the call throws.
 struct HeapWindow {
@@ -119,17 +132,45 @@ void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilin
   }
 }
 
-std::string summary_line(const Record& r) {
+// A record's name for the console: parameter values longer than 16 characters (corpus checksums)
+// shortened to their first 8, and the backend when it is not the CPU.
+std::string short_label(const Record& r) {
+  std::string out, value;
+  std::string key;
+  bool in_value = false;
+  auto flush = [&] {
+    out += value.size() > 16 ? value.substr(0, 8) + "..." : value;
+    value.clear();
+  };
+  for (char ch : r.name) {
+    if (in_value && (ch == ',' || ch == '/')) {
+      flush();
+      in_value = false;
+    }
+    if (in_value) {
+      value += ch;
+      continue;
+    }
+    out += ch;
+    if (ch == '=') in_value = true;
+  }
+  flush();
+  return r.backend == Backend::cpu ? out : out + " (" + std::string(backend_name(r.backend)) + ")";
+}
+
+std::string summary_line(const Record& r, const std::string& previous_reason) {
   char buf[512];
   if (r.status != "ok") {
-    std::snprintf(buf, sizeof buf, "%-60s %-7s %s", r.name.c_str(), r.status.c_str(), r.detail.c_str());
+    const std::string reason = r.detail == previous_reason && !r.detail.empty() ? "(same reason as above)" : r.detail;
+    std::snprintf(buf, sizeof buf, "%-7s %s", r.status.c_str(), reason.c_str());
     return buf;
   }
   const double t = stats::median(r.times_s);
-  std::snprintf(buf, sizeof buf, "%-60s ok      peak %-11s extra %-11s median %9.3f ms  rel_l2 %.2e", r.name.c_str(),
+  std::snprintf(buf, sizeof buf, "ok      peak %-11s extra %-11s median %9.3f ms  rel_l2 %.2e",
                 format_bytes(r.counter("peak_bytes")).c_str(), format_bytes(r.counter("peak_extra_bytes")).c_str(),
                 t * 1e3, r.counter("rel_l2_err", std::nan("")));
   std::string s = buf;
+  if (r.counters.count("error_ok") && r.counter("error_ok") == 0) s += "  ERROR RULE FAILED";
   if (r.counters.count("tflops")) {
     std::snprintf(buf, sizeof buf, "  %.3f TFLOP/s", r.counter("tflops"));
     s += buf;
@@ -360,6 +401,33 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     info.repetitions = std::max(info.repetitions, opts.repetitions.value_or(s.profile(opts.profile).repetitions));
   }
 
+  // The records this selection runs, counted before anything is measured (for --list and the progress).
+  auto selected = [&](const Technique& tech, const Impl& impl, const Case& c) {
+    if (impl.backend == Backend::cpu ? !want_cpu : !want_cuda) return false;
+    if (filter && !std::regex_search(c.suite + "/" + c.id + "/" + impl.name, *filter)) return false;
+    try {
+      tech.validate(c);
+      return impl.not_applicable(c).empty();
+    } catch (const std::exception&) {
+      return true;  // recorded as an error, with the reason
+    }
+  };
+  int planned = 0, done = 0;
+  for (const auto& s : suites) {
+    const Technique& tech = reg.get(s.technique);
+    for (const Case& c : cases.at(s.name))
+      for (const Impl& impl : tech.impls)
+        if (selected(tech, impl, c)) {
+          ++planned;
+          if (opts.list_only)
+            std::printf("%s/%s/%s%s\n", s.name.c_str(), c.id.c_str(), impl.name.c_str(),
+                        impl.backend == Backend::cpu ? "" : (" (" + std::string(backend_name(impl.backend)) + ")").c_str());
+        }
+  }
+  if (opts.list_only) {
+    if (planned == 0) throw Error("the selection has no case to run");
+    return RunSummary{};
+  }
   check_writable(opts.out);  // before the minutes of probing and training
   std::unique_ptr<Device> cpu, cuda;
   std::string cuda_reason;
@@ -380,6 +448,14 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     for (const auto& [k, v] : probe_cuda()) info.ceilings[k] = v;
   ResultsWriter writer(opts.out, build_context(info));
   RunSummary sum;
+  const auto run_start = std::chrono::steady_clock::now();
+  std::string previous_reason;
+  struct SuiteLine {
+    std::string name;
+    int ok, oom, skipped, error;
+    double seconds;
+  };
+  std::vector<SuiteLine> per_suite;
   for (const auto& s : suites) {
     const Technique& tech = reg.get(s.technique);
     const Profile& prof = s.profile(opts.profile);
@@ -395,20 +471,25 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       std::printf("%s/%s: device capacity %s (from the profile)\n", s.name.c_str(), prof.name.c_str(),
                   format_bytes(static_cast<double>(*capacity)).c_str());
     std::vector<Record> records;
+    const auto suite_start = std::chrono::steady_clock::now();
     for (const Case& c : cases.at(s.name)) {
       std::unique_ptr<Problem> problem;
       std::string problem_error;
       bool problem_tried = false;
       for (const Impl& impl : tech.impls) {
-        if (impl.backend == Backend::cpu ? !want_cpu : !want_cuda) continue;
+        if (!selected(tech, impl, c)) continue;
         Record rec = blank_record(impl, c);
-        if (filter && !std::regex_search(rec.name, *filter)) continue;
         try {
           tech.validate(c);
-          if (!impl.not_applicable(c).empty()) continue;
         } catch (const std::exception& e) {
           rec.status = "error";
           rec.detail = e.what();
+        }
+        const auto record_start = std::chrono::steady_clock::now();
+        ++done;
+        if (opts.verbose) {
+          std::printf("[%d/%d] %s  ", done, planned, short_label(rec).c_str());
+          std::fflush(stdout);
         }
         Device* dev = impl.backend == Backend::cpu ? cpu.get() : cuda.get();
         if (rec.status == "ok" && !dev) {
@@ -429,8 +510,14 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
         }
         if (rec.status == "ok") rec = measure(tech, impl, c, *problem, *dev, reps, prof.min_time_s, info.ceilings);
         if (rec.status == "ok") judge_record(tech, impl, c, *problem, records, rec);
-        if (opts.verbose) std::printf("%s\n", summary_line(rec).c_str());
-        std::fflush(stdout);
+        if (opts.verbose) {
+          const double took = seconds_since(record_start), elapsed = seconds_since(run_start);
+          const double left = elapsed / done * (planned - done);
+          std::printf("%s  (%.1f s; %s elapsed, about %s left)\n", summary_line(rec, previous_reason).c_str(), took,
+                      format_duration(elapsed).c_str(), format_duration(left).c_str());
+          std::fflush(stdout);
+        }
+        if (rec.status != "ok") previous_reason = rec.detail;
         (rec.status == "ok" ? sum.ok : rec.status == "oom" ? sum.oom : rec.status == "skipped" ? sum.skipped : sum.error)++;
         writer.add(rec);
         records.push_back(std::move(rec));
@@ -451,6 +538,15 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       writer.add_claim(claim, res);
       if (opts.verbose) std::printf("claim %-14s %-15s %s\n", claim.id.c_str(), res.verdict.c_str(), res.measured.c_str());
     }
+    int st[4] = {0, 0, 0, 0};
+    for (const auto& r : records) ++st[r.status == "ok" ? 0 : r.status == "oom" ? 1 : r.status == "skipped" ? 2 : 3];
+    per_suite.push_back({s.name, st[0], st[1], st[2], st[3], seconds_since(suite_start)});
+  }
+  if (opts.verbose && !per_suite.empty()) {
+    std::printf("\n%-14s %6s %6s %8s %6s %10s\n", "suite", "ok", "oom", "skipped", "error", "wall");
+    for (const auto& p : per_suite)
+      std::printf("%-14s %6d %6d %8d %6d %10s\n", p.name.c_str(), p.ok, p.oom, p.skipped, p.error,
+                  format_duration(p.seconds).c_str());
   }
   if (sum.ok + sum.oom + sum.skipped + sum.error == 0) {
     std::filesystem::remove(opts.out.string() + ".partial");

@@ -35,6 +35,7 @@ struct RunOptions {
   std::vector<std::pair<std::string, Json>> overrides;
   bool verbose = true;
   bool probe = true;  // measure the machine's GEMM and copy ceilings first (frac_of_* counters need them)
+  bool list_only = false;  // print the records the selection would run (suite/case/impl) and return
 };
 
 struct RunSummary {

@@ -632,6 +632,12 @@ def check_nightly_exit_codes() -> str:
         cp = memtrade("run", "--suite", "gemm", "--profile", "test", "--backend", "cuda", "--out", "K.json")
         expect_rc(cp, 2, "run --backend cuda without a usable device")
         expect("no usable CUDA device" in cp.stderr, "run --backend cuda without a device does not say why", cp)
+    # --list prints what a selection would run, without running or writing anything.
+    cp = memtrade(*RUN_TEST, "--filter", "n=24,dtype=fp32", "--list")
+    expect_rc(cp, 0, "run --list")
+    listed = cp.stdout.split()
+    expect(listed == ["gemm/n=24,dtype=fp32/reference", "gemm/n=24,dtype=fp32/openblas"],
+           f"run --list printed {listed}", cp)
     # A suite named twice runs once.
     fresh("twice.json")
     cp = memtrade(*RUN_TEST[:2], "gemm,gemm", *RUN_TEST[3:], "--filter", "n=24,dtype=fp32/reference", "--out", "twice.json")
@@ -640,7 +646,7 @@ def check_nightly_exit_codes() -> str:
     expect(len(names) == len(set(names)) * 3, f"--suite gemm,gemm ran a case twice: {names}")
     return ("exit 2 for a selection that runs nothing (earlier results kept), --suite ',', --out a folder, an "
             "unwritable --json" + ("" if cuda_available() else ", --backend cuda without a device") +
-            "; --suite gemm,gemm runs once")
+            "; --list prints the selection; --suite gemm,gemm runs once")
 
 
 def check_report() -> str | None:
