@@ -93,7 +93,7 @@ void compare_claims(const LoadedResults& base, const LoadedResults& cur, const C
       continue;
     }
     const std::string bv = text(*bj, "verdict"), cv = text(*it->second, "verdict");
-    CompareRow row{name, "verdict", bv, cv, bv == cv ? "" : bv + " -> " + cv, "ok", text(*it->second, "measured"), false};
+    CompareRow row{name, "verdict", bv, cv, "", "ok", text(*it->second, "measured"), false};
     const bool same_data = data(*bj) == data(*it->second);
     if (cv == "error") {
       row.verdict = "regression";
@@ -317,7 +317,8 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
             row.detail = gated ? fmt("above %.3g x baseline", o.error_ratio) + fmt(" and the floor %.2e", floor)
                                : "order-dependent metric: listed, not gated (error_ok and rel_l2_err gate)";
           } else if (bv > o.error_ratio * cv && bv - cv > floor) {
-            row.verdict = "improved";
+            row.verdict = gated ? "improved" : "changed";
+            if (!gated) row.detail = "order-dependent metric: listed, not gated (error_ok and rel_l2_err gate)";
           }
         }
         add(row);

@@ -16,6 +16,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -37,7 +38,8 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 32px;color:#1b1b1b;max-width:1500px}
 h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px} h3{margin-top:24px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0 16px}
-th,td{border:1px solid #d4d4d4;padding:3px 8px;text-align:left;vertical-align:top}
+th,td{border:1px solid #d4d4d4;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+td{max-width:420px}
 th{background:#f1f3f5} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .ctx-wrap{display:flex;flex-wrap:wrap;gap:16px} .ctx-wrap>div{flex:0 1 640px;min-width:0}
 .plots{display:flex;flex-wrap:wrap;gap:12px} .plots figure{margin:0;max-width:640px} img.plot{max-width:100%;border:1px solid #eee}
@@ -51,6 +53,7 @@ tr.missing td,tr.status_changed td{background:#fff4d6}
 .v-reproduced{background:#d3f9d8;color:#1b5e20;font-weight:600}
 .v-not_reproduced{background:#ffd8d8;color:#a00;font-weight:600} .v-out_of_scope{background:#e9ecef;color:#555}
 .v-inconclusive{background:#fff3bf;color:#7a5b00;font-weight:600} .v-error{background:#a00;color:#fff;font-weight:600}
+td.v-reproduced,td.v-not_reproduced,td.v-inconclusive,td.v-out_of_scope,td.v-error{white-space:nowrap;overflow-wrap:normal}
 .big-ok{font-size:18px;color:#2b8a3e;font-weight:700} .big-bad{font-size:18px;color:#c92a2a;font-weight:700}
 nav a{margin-right:14px}
 """
@@ -497,6 +500,11 @@ def context_table(idx, path, results, is_current):
             + table(["field", "value"], [[esc(k), v] for k, v in rows]) + "</div>")
 
 
+def short_name(name):
+    """A case name for tables: parameter values longer than 16 characters (checksums) cut to 8."""
+    return re.sub(r"=([^,/]{17,})", lambda m: "=" + m.group(1)[:8] + "...", str(name or ""))
+
+
 def compare_section(cmp, path):
     rows = [r for r in cmp.get("rows", []) if isinstance(r, dict)]
     nreg = cmp.get("regressions")
@@ -504,8 +512,7 @@ def compare_section(cmp, path):
         nreg = sum(1 for r in rows if r.get("verdict") == "regression")
     out = ['<section id="regressions"><h2>Regressions against baseline</h2>',
            f"<p class='muted'>baseline: {esc(cmp.get('baseline', '?'))} &nbsp; current: "
-           f"{esc(cmp.get('current', '?'))} &nbsp; time mode: {esc(cmp.get('time_mode', '?'))} "
-           f"&nbsp; compare file: {esc(path)}</p>"]
+           f"{esc(cmp.get('current', '?'))} &nbsp; time mode: {esc(cmp.get('time_mode', '?'))}</p>"]
     if cmp.get("same_machine_class") is False:
         out.append('<p class="warn">Baseline and current ran on different machine classes; '
                    'time comparisons are not meaningful.</p>')
@@ -519,16 +526,27 @@ def compare_section(cmp, path):
         counts[r.get("verdict", "?")] = counts.get(r.get("verdict", "?"), 0) + 1
     out.append("<p>" + esc(", ".join(f"{v}: {n}" for v, n in sorted(counts.items())) or "no rows") + "</p>")
     if notok:
-        notok.sort(key=lambda r: (r.get("verdict") != "regression", r.get("verdict") != "improved"))
+        order = {"regression": 0, "improved": 1, "unstable": 2, "verdict_changed": 3, "missing": 4}
+        notok.sort(key=lambda r: order.get(r.get("verdict"), 9))
 
         def val(r, k):
             v = r.get(k)
             return esc(fmt_bytes(v) if "bytes" in str(r.get("metric", "")) and _isnum(v) else fmt_num(v, ".4g"))
-        out.append(table(["name", "metric", "baseline", "current", "change", "verdict", "detail"],
-                         [[esc(r.get("name")), esc(r.get("metric")), (val(r, "baseline"), "num"),
+
+        def rows_table(rs):
+            return table(["case", "metric", "baseline", "current", "change", "verdict", "detail"],
+                         [[f'<span title="{esc(r.get("name"))}">{esc(short_name(r.get("name")))}</span>',
+                           esc(r.get("metric")), (val(r, "baseline"), "num"),
                            (val(r, "current"), "num"), (esc(r.get("change", "")), "num"),
-                           esc(r.get("verdict")), esc(r.get("detail", ""))] for r in notok],
-                         [str(r.get("verdict", "")) for r in notok]))
+                           esc(r.get("verdict")), esc(r.get("detail", ""))] for r in rs],
+                         [str(r.get("verdict", "")) for r in rs])
+        # What changed comes first; what is only listed (not compared, new, order-dependent errors) folds.
+        first = [r for r in notok if r.get("verdict") in order]
+        rest = [r for r in notok if r.get("verdict") not in order]
+        out.append(rows_table(first) if first else "<p>No regressions, improvements or changed verdicts.</p>")
+        if rest:
+            out.append(f"<details><summary>{len(rest)} more rows listed but not gated (new cases and metrics, "
+                       "not compared, order-dependent errors)</summary>" + rows_table(rest) + "</details>")
     else:
         out.append("<p>All compared rows are ok.</p>")
     out.append("</section>")
@@ -786,8 +804,9 @@ def build_report(paths, all_results, compare=None, compare_path=None):
         for t in dict.fromkeys(c.technique for c in cases):
             tech_files.setdefault(t, []).append(i)
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-    nav = ['<a href="#context">Run context</a>'] + [f'<a href="#tech-{esc(t)}">{esc(t)}</a>' for t in tech_files]
-    nav += ['<a href="#claims">Claims</a>'] + (['<a href="#trends">Trends</a>'] if len(paths) > 1 else [])
+    nav = ['<a href="#claims">Claims</a>', '<a href="#context">Run context</a>']
+    nav += [f'<a href="#tech-{esc(t)}">{esc(t)}</a>' for t in tech_files]
+    nav += ['<a href="#trends">Trends</a>'] if len(paths) > 1 else []
     if compare is not None:
         nav.insert(0, '<a href="#regressions">Regressions</a>')
     body = [f"<h1>memtrade report</h1><p class='muted'>Generated {esc(now)} from {len(paths)} results "
@@ -795,6 +814,8 @@ def build_report(paths, all_results, compare=None, compare_path=None):
             "<nav>" + "".join(nav) + "</nav>"]
     if compare is not None:
         body.append(compare_section(compare, compare_path))
+    # Claims belong to the top screen: what changed, then which claims hold.
+    body.append(claims_section(all_results, paths))
     cur_idx = {t: idxs[-1] for t, idxs in tech_files.items()}
     body.append('<section id="context"><h2>Run context</h2><div class="ctx-wrap">'
                 + "".join(context_table(i, p, r, i == len(paths) - 1 or i in cur_idx.values())
@@ -804,7 +825,6 @@ def build_report(paths, all_results, compare=None, compare_path=None):
     for tech, i in cur_idx.items():
         body.append(technique_section(tech, paths[i], all_results[i],
                                       [c for c in all_cases[i] if c.technique == tech]))
-    body.append(claims_section(all_results, paths))
     if len(paths) > 1:
         body.append(trends_section(tech_files, all_results, all_cases))
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
