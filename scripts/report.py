@@ -64,6 +64,7 @@ window.addEventListener('load', function () {
   for (var i = 0; i < imgs.length; i++) { if (imgs[i].complete && imgs[i].naturalWidth > 0) n++; }
   document.body.dataset.plotsLoaded = String(n);
   document.body.dataset.plotsTotal = String(imgs.length);
+  document.body.dataset.pageWidth = String(document.documentElement.scrollWidth);
   if (imgs.length) {
     var r = imgs[0].getBoundingClientRect();
     document.body.dataset.firstPlotRect = [r.left + window.scrollX, r.top + window.scrollY,

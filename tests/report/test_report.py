@@ -144,6 +144,9 @@ def check_render(checks, chromium, workdir, html_path, n_plots):
               f"all plots decoded in the browser (data-plots-loaded={loaded}, data-plots-total={total})",
               f"body attributes: {attrs}")
     rect = [int(v) for v in attrs.get("data-first-plot-rect", "0,0,0,0").split(",")]
+    width = int(attrs.get("data-page-width", "0") or 0)
+    checks.ok(0 < width <= 1400, f"nothing overflows the 1400 px window (page width {width} px)",
+              "a table or plot is wider than the window: wrap or shorten it")
 
     shot = os.path.join(workdir, "screenshot.png")
     if os.path.exists(shot):
