@@ -10,7 +10,10 @@ in a loop), each trial splits them at random into two disjoint halves of 5 and c
   +1 byte     peak_bytes of every ok case + 1 in the candidate half: every case must be flagged;
   verdict     error_ok of every judged case 1 -> 0 in the candidate half: every case must be flagged.
 Halves of one pool overlap between trials, so the trials are not independent compares; they sample the
-machine's real run-to-run noise, which synthetic tests cannot. Prints the rates; exit 1 when a target
+machine's real run-to-run noise, which synthetic tests cannot. Random halves pair runs made far apart in
+time; `--interleaved` instead splits the runs in file order as `memtrade ab` would have made them (ABBA:
+1 -> A, 2 -> B, 3 -> B, 4 -> A, ...), one compare per factor, so that a slow drift of the machine falls on
+both sides. Prints the rates; exit 1 when a target
 is missed (0 false alarms, >= 95% at 1.25x, >= 80% at 1.10x, 100% of planted memory and verdict changes).
 """
 from __future__ import annotations
@@ -71,6 +74,7 @@ def main() -> int:
     ap.add_argument("--factors", default="1.10,1.25")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", default="build/gate-resample")
+    ap.add_argument("--interleaved", action="store_true", help="one ABBA split of the runs in file order")
     a = ap.parse_args()
     if len(a.runs) < 10:
         sys.exit("need at least 10 runs (two disjoint halves of 5)")
@@ -83,9 +87,15 @@ def main() -> int:
     total = {f: 0 for f in factors}
     unstable = {f: 0 for f in factors}
     mem_hit = mem_total = ver_hit = ver_total = 0
-    for t in range(a.trials):
-        pick = rng.sample(a.runs, 10)
-        base, cand = pick[:5], pick[5:]
+    trials = 1 if a.interleaved else a.trials
+    for t in range(trials):
+        if a.interleaved:
+            abba = [(i // 2) % 2 == (i % 2) for i in range(len(a.runs))]  # True: baseline (A B B A A B ...)
+            base = [f for f, is_a in zip(a.runs, abba) if is_a]
+            cand = [f for f, is_a in zip(a.runs, abba) if not is_a]
+        else:
+            pick = rng.sample(a.runs, 10)
+            base, cand = pick[:5], pick[5:]
         write_half(base, work / "base")
         write_half(cand, work / "cand")
         doc = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json")
@@ -115,11 +125,11 @@ def main() -> int:
             d = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json")
             vr = [r for r in rows(d, "error_ok") if r["baseline"] == 1]
             ver_total, ver_hit = len(vr), sum(r["regression"] for r in vr)
-        print(f"trial {t + 1}/{a.trials}: {sum(r['regression'] for r in time_rows)} false alarm(s) in "
+        print(f"trial {t + 1}/{trials}: {sum(r['regression'] for r in time_rows)} false alarm(s) in "
               f"{len(time_rows)} time checks", flush=True)
     ok = True
     print(f"\nidentical code: {false_alarms} false alarm(s) in {checks_identical} time checks "
-          f"({a.trials} compares of 5 vs 5 runs; target 0)")
+          f"({trials} compare(s) of {len(base)} vs {len(cand)} runs; target 0)")
     for name, n in sorted(alarm_cases.items(), key=lambda kv: -kv[1])[:10]:
         print(f"  {n}x {name}")
     ok &= false_alarms == 0
