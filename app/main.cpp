@@ -7,7 +7,11 @@
 //   memtrade report RESULTS... [--baseline B] -o report.html
 //   memtrade probe [--backend cpu|cuda|auto]
 // Exit codes: 0 success, 1 regressions found (compare), 2 usage error or unreadable/malformed input.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,7 +48,8 @@ const char* kMainHelp =
     "  gate-selftest  false-alarm and detection rates of the time gate on calibrated slowdowns\n"
     "  report    write a self-contained HTML report from results files\n"
     "  probe     measure this machine's GEMM and copy ceilings\n"
-    "  tune      measure and store machine-specific settings (attention's naive/flash crossover)\n";
+    "  tune      measure and store machine-specific settings (attention's naive/flash crossover)\n"
+    "  --version the version and build\n";
 
 #define COMPARE_OPTIONS_HELP \
   "  --time gate|report     time regressions gate (default) or are only reported\n" \
@@ -467,13 +472,43 @@ int cmd_gate_selftest(const Args& a) {
   return pass ? 0 : 1;
 }
 
+// The report script: $MEMTRADE_REPORT_SCRIPT, else report.py beside the binary (the build copies it
+// there), else the source tree's scripts/report.py.
+std::filesystem::path report_script() {
+  if (const char* env = std::getenv("MEMTRADE_REPORT_SCRIPT"); env && *env) return env;
+  std::error_code ec;
+  const auto beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "report.py";
+  if (!ec && std::filesystem::is_regular_file(beside)) return beside;
+  return std::filesystem::path(build::source_dir) / "scripts" / "report.py";
+}
+
+// Runs a program with these arguments (no shell: paths with quotes or spaces pass as they are); its exit
+// status, or 127 when it could not be started.
+int run_program(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("cannot start " + args[0]);
+  if (pid == 0) {
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "memtrade: cannot run %s\n", args[0].c_str());
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw Error("waiting for " + args[0] + " failed");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 int cmd_report(const Args& a) {
   if (a.pos.empty()) throw Usage("report needs at least one results file");
   if (!a.has("-o")) throw Usage("report needs -o report.html");
   for (const auto& p : a.pos) load_results(p);  // a clear error before Python starts
-  const auto script = std::filesystem::path(build::source_dir) / "scripts" / "report.py";
-  std::string cmd = "python3 '" + script.string() + "'";
-  for (const auto& p : a.pos) cmd += " '" + p + "'";
+  const auto script = report_script();
+  std::vector<std::string> args = {"python3", script.string()};
+  for (const auto& p : a.pos) args.push_back(p);
   std::string compare_json;
   if (a.has("--baseline")) {
     CompareOptions o;
@@ -481,14 +516,16 @@ int cmd_report(const Args& a) {
     o.allow_missing = true;
     const auto r = compare_results(load_results(a.get("--baseline")), load_results(a.pos.back()), o);
     compare_json = a.get("-o") + ".compare.json";
-    std::ofstream(compare_json) << compare_to_json(r).dump(1) << "\n";
-    cmd += " --compare '" + compare_json + "'";
+    write_file(compare_json, compare_to_json(r).dump(1) + "\n");
+    args.push_back("--compare");
+    args.push_back(compare_json);
   }
-  cmd += " -o '" + a.get("-o") + "'";
-  const int rc = std::system(cmd.c_str());
+  args.push_back("-o");
+  args.push_back(a.get("-o"));
+  const int rc = run_program(args);
   if (!compare_json.empty()) std::filesystem::remove(compare_json);
   if (rc != 0) {
-    std::fprintf(stderr, "memtrade report: the report script failed (%s)\n", cmd.c_str());
+    std::fprintf(stderr, "memtrade report: the report script %s failed (exit %d)\n", script.c_str(), rc);
     return 2;
   }
   std::printf("report written to %s\n", a.get("-o").c_str());
@@ -529,6 +566,10 @@ int cmd_probe(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && (std::string(argv[1]) == "--version" || std::string(argv[1]) == "version")) {
+    std::printf("memtrade %s (%s build, source %s)\n", build::version, build::build_type, build::source_dir);
+    return 0;
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
     std::printf("%s", kMainHelp);
     return argc < 2 ? 2 : 0;

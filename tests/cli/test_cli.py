@@ -661,7 +661,17 @@ def check_report() -> str | None:
     text = html.read_text(errors="replace")
     expect("<html" in text.lower() and "</html>" in text.lower(), "r.html is not an HTML document", cp)
     expect(not Path(str(html) + ".compare.json").exists(), "report left its r.html.compare.json behind", cp)
-    return f"report A B --baseline A: wrote r.html ({html.stat().st_size // 1024} KiB)"
+    # No shell between memtrade and the script: a path with a quote and a space passes as it is.
+    odd = path("it's a dir")
+    odd.mkdir(exist_ok=True)
+    cp = memtrade("report", "A.json", "-o", str(odd / "r.html"))
+    expect_rc(cp, 0, "report -o a path with a quote and a space")
+    expect((odd / "r.html").is_file(), "report to a path with a quote wrote nothing", cp)
+    cp = memtrade("--version")
+    expect_rc(cp, 0, "memtrade --version")
+    expect(cp.stdout.startswith("memtrade "), "memtrade --version prints no version", cp)
+    return (f"report A B --baseline A: wrote r.html ({html.stat().st_size // 1024} KiB); a path with a quote works; "
+            f"--version")
 
 
 def check_git_commit() -> str:
