@@ -155,11 +155,16 @@ TEST(Attention, HeadDim128AndForwardOnly) {
   expect_flash_within_rule(Json{{"h", 2}, {"n", 200}, {"d", 128}, {"causal", true}, {"dtype", "bf16"}, {"pass", "fwd_bwd"}}, 1e-3);
 }
 
+// Logits of magnitude 1e4 must not overflow the softmax. The floor is derived, not fitted to a thread
+// count: each fp32 logit carries an absolute rounding of about 1e4 x 6e-8 = 6e-4, which dK = scale dS^T Q
+// (|Q| ~ 1e4) amplifies to order 1e-2 (flash measures 9.6e-3 for dK on any thread count). Naive's own
+// dK error here is an accident of OpenBLAS's summation order: 6e-9 on one thread, 6e-3 on two, so a
+// floor of 1e-5 passed only on machines with more than one core.
 TEST(Attention, LargeLogitsStayFinite) {
   for (const char* dtype : {"fp32", "bf16"})
     expect_flash_within_rule(Json{{"h", 2}, {"n", 100}, {"d", 64}, {"causal", true}, {"dtype", dtype},
                                   {"pass", "fwd_bwd"}, {"logit_scale", 1e4}},
-                             std::string(dtype) == "fp32" ? 1e-5 : 1e-3);
+                             std::string(dtype) == "fp32" ? 3e-2 : 1e-3);
 }
 
 TEST(Attention, FullyMaskedRowsAreZero) {
