@@ -165,8 +165,8 @@ RunTime summarize_run(const Summary& s, const CompareOptions& o) {
     r.why = fmt("repetitions spread %.0f%%", 100 * cv) + fmt(" (coefficient of variation above %.0f%%)", 100 * o.max_cv);
     return r;
   }
-  // Process CPU time over wall time per repetition: on the CPU a repetition whose share fell far below
-  // the run's best lost its cores to another process.
+  // The calling thread's CPU time over wall time per repetition: on the CPU a repetition whose share fell
+  // far below the run's best lost its core to another process.
   if (s.backend == "cpu" && s.cpu_times_s.size() == s.times_s.size() && s.times_s.size() > 1) {
     double best = 0, worst = HUGE_VAL;
     for (std::size_t i = 0; i < s.times_s.size(); ++i) {

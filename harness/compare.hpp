@@ -14,7 +14,7 @@
 //   time: judged on independent runs, never on the repetitions inside one run. Each side may be
 //     several results files (runs of one build, e.g. from `memtrade ab`); a case's time in a run is
 //     the median of its repetitions. A run whose repetitions spread too wide (coefficient of
-//     variation above max_cv) or whose process got far less CPU in one repetition than in its best
+//     variation above max_cv) or whose calling thread got far less CPU in one repetition than in its best
 //     (pre-empted: CPU/wall below min_cpu_share of the run's highest) is `unstable` and left out. A
 //     regression needs both a one-sided Mann-Whitney U test over the run medians ("the candidate is
 //     slower") with p < alpha and a median slowdown above the minimum effect; with too few runs for that p (one file per side)

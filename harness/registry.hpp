@@ -93,7 +93,7 @@ struct Record {
   std::string detail;
   std::map<std::string, double> counters;  // peak_bytes, rel_l2_err, tflops, ...
   std::vector<double> times_s;             // one per repetition (seconds per call)
-  std::vector<double> cpu_times_s;         // process CPU seconds per call (all threads), one per repetition
+  std::vector<double> cpu_times_s;         // CPU seconds of the calling thread per call, one per repetition
   std::vector<int64_t> iterations;         // iterations behind each repetition
   double counter(const std::string& key, double fallback = 0) const;
 };

@@ -65,7 +65,7 @@ struct Summary {
   Json params = Json::object();             // the case's parameters
   std::map<std::string, double> counters;  // NaN where the file holds null
   std::vector<double> times_s;             // per repetition
-  std::vector<double> cpu_times_s;         // per repetition, process CPU time (empty when not recorded)
+  std::vector<double> cpu_times_s;         // per repetition, the calling thread's CPU time (empty when not recorded)
 };
 struct LoadedResults {
   std::filesystem::path path;

@@ -32,9 +32,12 @@ class Collector final : public benchmark::BenchmarkReporter {
 
 constexpr int kColdCallsPerRepetition = 10;
 
-double process_cpu_s() {
+// CPU time of the calling thread (as Google Benchmark's cpu_time). The process clock would add the
+// OpenMP workers, but the kernel brings other threads' time up to date only at scheduler ticks, so over
+// a call shorter than a tick it jumps in tick-sized steps (CPU/wall of 10 on a 2-core machine).
+double thread_cpu_s() {
   timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
@@ -77,9 +80,9 @@ void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, do
     Invocation inv;
     for (auto _ : st) {
       if (cold) dev.flush_caches();  // outside the timed region
-      const double c0 = process_cpu_s();
+      const double c0 = thread_cpu_s();
       const double t = dev.time_call([&] { w.run(); });
-      inv.cpu_s += process_cpu_s() - c0;
+      inv.cpu_s += thread_cpu_s() - c0;
       inv.wall_s += t;
       ++inv.iterations;
       st.SetIterationTime(t);
