@@ -55,8 +55,12 @@ def plant(key, fn):
     return edit
 
 
+COMPARE_ARGS: list[str] = []
+
+
 def compare(memtrade, base: Path, cur: Path, out: Path):
-    cp = subprocess.run([memtrade, "compare", str(base), str(cur), "--json", str(out)], capture_output=True, text=True)
+    cp = subprocess.run([memtrade, "compare", str(base), str(cur), "--json", str(out), *COMPARE_ARGS],
+                        capture_output=True, text=True)
     if cp.returncode not in (0, 1):
         sys.exit(f"memtrade compare failed ({cp.returncode}): {cp.stderr}")
     return json.loads(out.read_text())
@@ -75,7 +79,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", default="build/gate-resample")
     ap.add_argument("--interleaved", action="store_true", help="one ABBA split of the runs in file order")
+    ap.add_argument("--compare-arg", action="append", default=[],
+                    help="an option passed to memtrade compare (repeatable), e.g. --compare-arg=--min-cpu-share=0")
     a = ap.parse_args()
+    COMPARE_ARGS.extend(a.compare_arg)
     if len(a.runs) < 10:
         sys.exit("need at least 10 runs (two disjoint halves of 5)")
     factors = [float(f) for f in a.factors.split(",")]
