@@ -1,5 +1,5 @@
 // Small-sample statistics for the regression checker: location/spread summaries and the
-// two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu semantics, method='auto').
+// Mann-Whitney U test, two- and one-sided (scipy.stats.mannwhitneyu semantics, method='auto').
 #pragma once
 
 #include <vector>
@@ -34,7 +34,7 @@ double cv(const std::vector<double>& v);
 
 // Time of two builds, each measured by independent runs (one value per run, e.g. the run's median):
 // the effect is the ratio of the medians of the runs (candidate / baseline), the significance the
-// two-sided Mann-Whitney U test over the runs. Repetitions inside one run are not independent
+// one-sided Mann-Whitney U tests over the runs (slower, faster; the two-sided p as well). Repetitions inside one run are not independent
 // samples of what varies between runs (placement, frequency, the neighbours' load), so the test is
 // never made on them.
 struct RunComparison {
