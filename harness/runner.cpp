@@ -337,6 +337,12 @@ std::vector<Case> apply_overrides(const Technique& t, const SuiteSpec& s, const 
 }
 
 namespace {
+// The count of one record status (ok, oom, skipped, error; anything else counts as error).
+int& count_of(RunSummary& s, const std::string& status) {
+  return status == "ok" ? s.ok : status == "oom" ? s.oom : status == "skipped" ? s.skipped : s.error;
+}
+void tally(RunSummary& s, const std::string& status, int n = 1) { count_of(s, status) += n; }
+
 std::string s_join(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& x : v) out += (out.empty() ? "" : ",") + x;
@@ -427,10 +433,11 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
                         impl.backend == Backend::cpu ? "" : (" (" + std::string(backend_name(impl.backend)) + ")").c_str());
         }
   }
-  if (opts.list_only) {
-    if (planned == 0) throw Error("the selection has no case to run");
-    return RunSummary{};
-  }
+  if (planned == 0)
+    throw Error("the selection ran nothing (suites " + s_join(info.suites) + ", profile " + opts.profile + ", backend " +
+                opts.backend + (opts.filter.empty() ? "" : ", filter '" + opts.filter + "'") +
+                "): no case has an implementation that applies; see memtrade list");
+  if (opts.list_only) return RunSummary{};
   check_writable(opts.out);  // before the minutes of probing and training
   std::unique_ptr<Device> cpu, cuda;
   std::string cuda_reason;
@@ -455,7 +462,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
   std::string previous_reason;
   struct SuiteLine {
     std::string name;
-    int ok, oom, skipped, error;
+    RunSummary sum;
     double seconds;
   };
   std::vector<SuiteLine> per_suite;
@@ -474,6 +481,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       std::printf("%s/%s: device capacity %s (from the profile)\n", s.name.c_str(), prof.name.c_str(),
                   format_bytes(static_cast<double>(*capacity)).c_str());
     std::vector<Record> records;
+    RunSummary suite_sum;
     const auto suite_start = std::chrono::steady_clock::now();
     for (const Case& c : cases.at(s.name)) {
       std::unique_ptr<Problem> problem;
@@ -521,7 +529,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
           std::fflush(stdout);
         }
         if (rec.status != "ok") previous_reason = rec.detail;
-        (rec.status == "ok" ? sum.ok : rec.status == "oom" ? sum.oom : rec.status == "skipped" ? sum.skipped : sum.error)++;
+        tally(suite_sum, rec.status);
         writer.add(rec);
         records.push_back(std::move(rec));
       }
@@ -541,21 +549,14 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
       writer.add_claim(claim, res);
       if (opts.verbose) std::printf("claim %-14s %-15s %s\n", claim.id.c_str(), res.verdict.c_str(), res.measured.c_str());
     }
-    int st[4] = {0, 0, 0, 0};
-    for (const auto& r : records) ++st[r.status == "ok" ? 0 : r.status == "oom" ? 1 : r.status == "skipped" ? 2 : 3];
-    per_suite.push_back({s.name, st[0], st[1], st[2], st[3], seconds_since(suite_start)});
+    per_suite.push_back({s.name, suite_sum, seconds_since(suite_start)});
+    for (const char* st : {"ok", "oom", "skipped", "error"}) tally(sum, st, count_of(suite_sum, st));
   }
   if (opts.verbose && !per_suite.empty()) {
     std::printf("\n%-14s %6s %6s %8s %6s %10s\n", "suite", "ok", "oom", "skipped", "error", "wall");
     for (const auto& p : per_suite)
-      std::printf("%-14s %6d %6d %8d %6d %10s\n", p.name.c_str(), p.ok, p.oom, p.skipped, p.error,
+      std::printf("%-14s %6d %6d %8d %6d %10s\n", p.name.c_str(), p.sum.ok, p.sum.oom, p.sum.skipped, p.sum.error,
                   format_duration(p.seconds).c_str());
-  }
-  if (sum.ok + sum.oom + sum.skipped + sum.error == 0) {
-    std::filesystem::remove(opts.out.string() + ".partial");
-    throw Error("the selection ran nothing (suites " + s_join(info.suites) + ", profile " + opts.profile + ", backend " +
-                opts.backend + (opts.filter.empty() ? "" : ", filter '" + opts.filter + "'") +
-                "): no case has an implementation that applies; see memtrade list");
   }
   writer.finish();
   if (opts.verbose)
