@@ -118,10 +118,16 @@ void compare_claims(const LoadedResults& base, const LoadedResults& cur, const C
 // a name (attention's naive and flash); a non-CPU record is shown as "name (backend)".
 std::string record_id(const Summary& s) { return s.backend.empty() || s.backend == "cpu" ? s.name : s.name + " (" + s.backend + ")"; }
 
-const Summary* find_case(const LoadedResults& r, const std::string& id) {
-  for (const auto& s : r.cases)
-    if (record_id(s) == id) return &s;
-  return nullptr;
+// One run's records by identity, built once per run.
+using RunIndex = std::map<std::string, const Summary*>;
+RunIndex index_run(const LoadedResults& r) {
+  RunIndex m;
+  for (const auto& s : r.cases) m.emplace(record_id(s), &s);
+  return m;
+}
+const Summary* find_case(const RunIndex& run, const std::string& id) {
+  const auto it = run.find(id);
+  return it == run.end() ? nullptr : it->second;
 }
 
 // One declared metric against the baseline, by its rule (see compare.hpp).
@@ -211,8 +217,10 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
       if (std::regex_search(name, re)) return f;
     return o.time_min_effect;
   };
-  std::map<std::string, const Summary*> cur_by_name;
-  for (const auto& s : cur.cases) cur_by_name[record_id(s)] = &s;
+  std::vector<RunIndex> base_index, cur_index;
+  for (const auto& r : base_runs) base_index.push_back(index_run(r));
+  for (const auto& r : cur_runs) cur_index.push_back(index_run(r));
+  const RunIndex& cur_by_name = cur_index.front();
   std::set<std::string> base_names;
   std::set<std::string> noted_backends;
   int untestable = 0;  // time checks with too few (stable) runs for the test to reach alpha
@@ -272,7 +280,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         }
         // Exact and repeatable: every current run must have recorded the same figure.
         for (std::size_t r = 1; r < cur_runs.size() && !row.regression; ++r)
-          if (const Summary* other = find_case(cur_runs[r], id); other && other->status == "ok") {
+          if (const Summary* other = find_case(cur_index[r], id); other && other->status == "ok") {
             const auto o_it = other->counters.find(k);
             if (o_it != other->counters.end() && o_it->second != cv) {
               row.verdict = "regression";
@@ -363,9 +371,11 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     std::vector<double> bt, ct;
     int dropped = 0;
     std::string why;
-    auto collect = [&](const std::vector<LoadedResults>& runs, std::vector<double>& out) {
-      for (const auto& run : runs) {
-        const Summary* s = find_case(run, id);
+    auto collect = [&](const std::vector<LoadedResults>& runs, const std::vector<RunIndex>& index,
+                       std::vector<double>& out) {
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        const LoadedResults& run = runs[i];
+        const Summary* s = find_case(index[i], id);
         if (!s || s->status != "ok" || s->times_s.empty()) continue;
         const RunTime t = summarize_run(*s, o);
         if (t.stable) out.push_back(t.median);
@@ -375,8 +385,8 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
         }
       }
     };
-    collect(base_runs, bt);
-    collect(cur_runs, ct);
+    collect(base_runs, base_index, bt);
+    collect(cur_runs, cur_index, ct);
     if (bt.empty() && ct.empty() && !dropped) continue;
     const std::string mb = machine_class_of(base, b.backend), mc = machine_class_of(cur, c.backend);
     if (mb.empty() || mb != mc) {
