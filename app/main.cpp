@@ -7,11 +7,7 @@
 //   memtrade report RESULTS... [--baseline B] -o report.html
 //   memtrade probe [--backend cpu|cuda|auto]
 // Exit codes: 0 success, 1 regressions found (compare), 2 usage error or unreadable/malformed input.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -255,6 +251,14 @@ int cmd_list(const Args& a) {
   return 0;
 }
 
+// An option that takes a whole number >= lo (fallback when absent).
+int whole_number(const Args& a, const char* key, int fallback, int lo) {
+  if (!a.has(key)) return fallback;
+  const double v = parse_number(a.get(key), key);
+  if (v < lo || v != static_cast<int>(v)) throw Usage(std::string(key) + " must be a whole number >= " + std::to_string(lo));
+  return static_cast<int>(v);
+}
+
 int cmd_run(const Args& a) {
   if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
   if (!a.has("--suite")) throw Usage("run needs --suite");
@@ -268,11 +272,7 @@ int cmd_run(const Args& a) {
   o.out = a.get("--out");
   if (a.has("--suites-dir")) o.suites_dir = a.get("--suites-dir");
   if (a.has("--capacity")) o.capacity = parse_size(a.get("--capacity"));
-  if (a.has("--repetitions")) {
-    const double r = parse_number(a.get("--repetitions"), "--repetitions");
-    if (r < 1 || r != static_cast<int>(r)) throw Usage("--repetitions must be a whole number >= 1");
-    o.repetitions = static_cast<int>(r);
-  }
+  if (a.has("--repetitions")) o.repetitions = whole_number(a, "--repetitions", 1, 1);
   o.filter = a.get("--filter");
   if (a.all.count("--set"))
     for (const auto& kv : a.all.at("--set")) {
@@ -381,12 +381,6 @@ std::vector<std::string> run_args(const Args& a) {
   return out;
 }
 
-int whole_number(const Args& a, const char* key, int fallback, int lo) {
-  if (!a.has(key)) return fallback;
-  const double v = parse_number(a.get(key), key);
-  if (v < lo || v != static_cast<int>(v)) throw Usage(std::string(key) + " must be a whole number >= " + std::to_string(lo));
-  return static_cast<int>(v);
-}
 
 int cmd_ab(const Args& a) {
   if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
@@ -480,26 +474,6 @@ std::filesystem::path report_script() {
   const auto beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "report.py";
   if (!ec && std::filesystem::is_regular_file(beside)) return beside;
   return std::filesystem::path(build::source_dir) / "scripts" / "report.py";
-}
-
-// Runs a program with these arguments (no shell: paths with quotes or spaces pass as they are); its exit
-// status, or 127 when it could not be started.
-int run_program(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("cannot start " + args[0]);
-  if (pid == 0) {
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "memtrade: cannot run %s\n", args[0].c_str());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw Error("waiting for " + args[0] + " failed");
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 int cmd_report(const Args& a) {

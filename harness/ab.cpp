@@ -3,19 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 
 namespace memtrade {
 
 namespace {
 
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
 
 void check_env(const std::vector<std::string>& env) {
   for (const auto& kv : env)
@@ -24,6 +19,25 @@ void check_env(const std::vector<std::string>& env) {
 }
 
 }  // namespace
+
+int run_program(const std::vector<std::string>& args) {
+  if (args.empty()) throw Error("run_program: no program");
+  std::vector<char*> argv;
+  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("cannot start " + args[0]);
+  if (pid == 0) {
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "memtrade: cannot run %s\n", args[0].c_str());
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw Error("waiting for " + args[0] + " failed");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 std::string exact_names_pattern(const std::vector<std::string>& names) {
   std::string p = "^(";
@@ -56,19 +70,26 @@ AbResult run_ab(const AbOptions& o) {
     char name[32];
     std::snprintf(name, sizeof name, "run-%02zu.json", files.size());
     const auto out = (candidate ? dir_b : dir_a) / name;
-    std::string cmd = "env";
-    for (const auto& kv : candidate ? o.candidate_env : o.baseline_env) cmd += " " + quoted(kv);
-    cmd += " " + quoted((candidate ? o.candidate_bin : o.baseline_bin).string()) + " run --quiet --no-probe --out " +
-           quoted(out.string());
-    for (const auto& a : o.run_args) cmd += " " + quoted(a);
-    if (!filter.empty()) cmd += " --filter " + quoted(filter);
+    // `env NAME=VALUE ... BIN run ...`: this side's settings, and no shell in between.
+    std::vector<std::string> args = {"env"};
+    for (const auto& kv : candidate ? o.candidate_env : o.baseline_env) args.push_back(kv);
+    for (const std::string a : {(candidate ? o.candidate_bin : o.baseline_bin).string(), std::string("run"),
+                                std::string("--quiet"), std::string("--no-probe"), std::string("--out"), out.string()})
+      args.push_back(a);
+    args.insert(args.end(), o.run_args.begin(), o.run_args.end());
+    if (!filter.empty()) {
+      args.push_back("--filter");
+      args.push_back(filter);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    const int status = std::system(cmd.c_str());
-    const int rc = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int rc = run_program(args);
     // 3: the run finished but recorded failed cases; they show up in the comparison.
-    if (rc != 0 && rc != 3)
+    if (rc != 0 && rc != 3) {
+      std::string cmd;
+      for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
       throw Error("ab: the " + std::string(candidate ? "candidate" : "baseline") + " run failed (exit " +
                   std::to_string(rc) + "): " + cmd);
+    }
     files.push_back(out);
     if (o.verbose)
       std::printf("ab: round %d %-9s %s (%.1f s)\n", round, candidate ? "candidate" : "baseline", out.c_str(),
