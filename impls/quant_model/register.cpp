@@ -56,6 +56,8 @@ std::vector<double> batch_losses(const Trained& t, model::Trainer& tr) {
   return out;
 }
 
+// Not stats::mean, which rejects NaN: a non-finite batch loss must reach the record as a NaN loss (the
+// error check counts it), not abort the case.
 double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
