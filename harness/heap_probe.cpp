@@ -15,18 +15,17 @@ constinit std::atomic<std::int64_t> g_peak{0};
 constinit thread_local int t_exempt = 0;
 }  // namespace
 
-[[maybe_unused]] static void on_alloc(void* p) {
-  if (!p || !g_active.load(std::memory_order_relaxed) || t_exempt) return;
-  const auto n = static_cast<std::int64_t>(malloc_usable_size(p));
+// Adds n bytes (negative for a free) to the net count of an open window, outside exempt threads.
+[[maybe_unused]] static void add_net(std::int64_t n) {
+  if (n == 0 || !g_active.load(std::memory_order_relaxed) || t_exempt) return;
   const std::int64_t now = g_net.fetch_add(n, std::memory_order_relaxed) + n;
   std::int64_t peak = g_peak.load(std::memory_order_relaxed);
   while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
 }
-[[maybe_unused]] static void on_free(void* p) {
-  if (!p || !g_active.load(std::memory_order_relaxed) || t_exempt) return;
-  g_net.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)), std::memory_order_relaxed);
-}
+[[maybe_unused]] static std::int64_t usable(void* p) { return p ? static_cast<std::int64_t>(malloc_usable_size(p)) : 0; }
+[[maybe_unused]] static void on_alloc(void* p) { add_net(usable(p)); }
+[[maybe_unused]] static void on_free(void* p) { add_net(-usable(p)); }
 
 #ifdef MEMTRADE_NO_HEAP_PROBE
 bool available() { return false; }
@@ -82,15 +81,9 @@ void* realloc(void* p, std::size_t n) {
     free(p);
     return nullptr;
   }
-  const std::size_t old = malloc_usable_size(p);
+  const std::int64_t old = memtrade::heap_probe::usable(p);
   void* q = __libc_realloc(p, n);
-  if (q) {
-    // Counted as a free of the old block and an allocation of the new one.
-    if (memtrade::heap_probe::g_active.load(std::memory_order_relaxed) && !memtrade::heap_probe::t_exempt) {
-      memtrade::heap_probe::g_net.fetch_sub(static_cast<std::int64_t>(old), std::memory_order_relaxed);
-      on_alloc(q);
-    }
-  }
+  if (q) memtrade::heap_probe::add_net(memtrade::heap_probe::usable(q) - old);  // the old block freed, the new one made
   return q;
 }
 void* reallocarray(void* p, std::size_t n, std::size_t m) {
