@@ -54,7 +54,8 @@ const char* kMainHelp =
   "  --error-ratio R        rel_l2_err regression factor (default 2)\n" \
   "  --error-floor A        rel_l2_err increase that never counts (default 0) ...\n" \
   "  --error-floor-u U      ... nor one below U unit roundoffs of the case dtype (default 2)\n" \
-  "  --alpha P              level of the one-sided Mann-Whitney U test over run medians (default 0.01)\n" \
+  "  --alpha P              level of the one-sided test over the runs (default 0.01)\n" \
+  "  --time-stat min|median  a run's time of a case: its fastest repetition (default) or their median\n" \
   "  --min-effect F         smallest slowdown of the median run that counts (default 0.05)\n" \
   "  --min-effect-for RE=F  the minimum effect for cases whose name matches RE (repeatable, first match)\n" \
   "  --max-cv C             a run whose repetitions' coefficient of variation exceeds C is unstable (0.25)\n" \
@@ -88,15 +89,20 @@ const std::map<std::string, std::string> kHelp = {
      "  medians and gates only with enough runs for the test (5 per side at alpha 0.01).\n"
      COMPARE_OPTIONS_HELP
      "  --allow-missing        cases missing from CURRENT are listed, not regressions\n"
+     "  --paired               file i of BASELINE and file i of CURRENT are one round (ab's lockstep output):\n"
+     "                         time is tested on the rounds' ratios (signed-rank; 7 rounds reach p < 0.01)\n"
      "  --markdown F           also write the table as markdown\n"
      "  --json F               also write every check as JSON (what report --baseline uses)\n"
      "  exit: 0 clean, 1 regressions, 2 unreadable or malformed input\n"},
     {"ab",
      "usage: memtrade ab --baseline-bin OLD --candidate-bin NEW --suite S [options]\n"
-     "  Runs OLD and NEW alternately (ABBA), each run its own process (`run --no-probe`), then compares the\n"
-     "  runs as `compare` does, with time gating on. Cases whose time test was inconclusive because runs\n"
-     "  were pre-empted or too spread (`unstable`) are run again, alone.\n"
-     "  --runs K               runs per side (default 5: the fewest that can reach p < 0.01)\n"
+     "  Each round runs OLD and NEW at once in lockstep (`run --no-probe`, one process each): every case is\n"
+     "  timed by one build right after the other while the other waits, so the pair shares the machine's\n"
+     "  speed of the moment. Time is judged on the rounds' ratios (one-sided signed-rank test, p < alpha, and\n"
+     "  the minimum effect); memory and error as `compare` does. Cases whose time test was inconclusive\n"
+     "  because runs were pre-empted or too spread (`unstable`) are run again, alone.\n"
+     "  --runs K               rounds (default 7: the fewest with which the paired test reaches p < 0.01)\n"
+     "  --no-lockstep          whole runs one after the other (ABBA), judged unpaired (Mann-Whitney U)\n"
      "  --retries N            extra rounds for unstable cases (default 2)\n"
      "  --out-dir D            where the runs' results files go (default build/ab; earlier run-*.json removed)\n"
      "  --baseline-env N=V     environment for OLD's runs only (repeatable); --candidate-env likewise\n"
@@ -110,7 +116,7 @@ const std::map<std::string, std::string> kHelp = {
      "  the calibrate suite's selftest profile (a copy and a multiply-add chain), with the candidate doing\n"
      "  1.00x the work (every flag is a false alarm) and each factor of --slowdowns (default 1.10,1.25;\n"
      "  every flag is a detection). Prints the rates; exit 1 when a false alarm occurred or the detection\n"
-     "  rate is below 95% at 1.25x or 80% at 1.10x. Default T = 10, K = 5 (a few minutes).\n"},
+     "  rate is below 95% at 1.25x or 80% at 1.10x. Default T = 10, K = 7 lockstep rounds (a few minutes).\n"},
     {"report",
      "usage: memtrade report RESULTS... [--baseline B] -o report.html\n"
      "  One self-contained HTML file: plots per technique, claims, regressions against B (compared with\n"
@@ -292,13 +298,16 @@ int cmd_run(const Args& a) {
 
 const std::vector<std::string> kCompareValued = {"--time",   "--memory-tolerance", "--untracked-allowance", "--error-ratio",
                                                  "--error-floor", "--error-floor-u", "--alpha", "--min-effect",
-                                                 "--min-effect-for", "--max-cv", "--min-cpu-share", "--markdown", "--json"};
+                                                 "--min-effect-for", "--max-cv", "--min-cpu-share", "--time-stat", "--markdown", "--json"};
 
 CompareOptions compare_options(const Args& a) {
   CompareOptions o;
   const std::string tm = a.get("--time", "gate");
   if (tm != "gate" && tm != "report") throw Usage("--time takes gate or report, got '" + tm + "'");
   o.time_gate = tm == "gate";
+  o.paired = a.has("--paired");
+  if (const std::string ts = a.get("--time-stat", "min"); ts == "median") o.time_stat = CompareOptions::RunStat::median;
+  else if (ts != "min") throw Usage("--time-stat takes min or median, got '" + ts + "'");
   auto number = [&](const char* key, double& into, double lo, double hi) {
     if (!a.has(key)) return;
     into = parse_number(a.get(key), key);
@@ -393,7 +402,8 @@ int cmd_ab(const Args& a) {
   if (a.all.count("--candidate-env")) o.candidate_env = a.all.at("--candidate-env");
   o.run_args = run_args(a);
   o.filter = a.get("--filter");
-  o.runs = whole_number(a, "--runs", 5, 1);
+  o.lockstep = !a.has("--no-lockstep");
+  o.runs = whole_number(a, "--runs", 7, 1);
   o.retries = whole_number(a, "--retries", 2, 0);
   o.out_dir = a.get("--out-dir", "build/ab");
   o.compare = compare_options(a);
@@ -406,7 +416,7 @@ int cmd_ab(const Args& a) {
 int cmd_gate_selftest(const Args& a) {
   if (!a.pos.empty()) throw Usage("unexpected argument '" + a.pos[0] + "'");
   const int trials = whole_number(a, "--trials", 10, 1);
-  const int runs = whole_number(a, "--runs", 5, 1);
+  const int runs = whole_number(a, "--runs", 7, 1);
   std::vector<double> factors = {1.0};
   for (const auto& f : split(a.get("--slowdowns", "1.10,1.25"), ',')) {
     const double v = parse_number(f, "--slowdowns");
@@ -565,14 +575,14 @@ int main(int argc, char** argv) {
                           {"--suite", "--profile", "--backend", "--out", "--capacity", "--repetitions", "--filter",
                            "--set", "--suites-dir"},
                           {"--quiet", "--no-probe", "--list"}));
-    if (cmd == "compare") return cmd_compare(Args(argc, argv, 2, kCompareValued, {"--allow-missing"}));
+    if (cmd == "compare") return cmd_compare(Args(argc, argv, 2, kCompareValued, {"--allow-missing", "--paired"}));
     if (cmd == "ab") {
       auto valued = kCompareValued;
       for (const char* k : {"--baseline-bin", "--candidate-bin", "--baseline-env", "--candidate-env", "--runs",
                             "--retries", "--out-dir", "--suite", "--profile", "--backend", "--filter", "--set",
                             "--repetitions", "--suites-dir", "--capacity"})
         valued.push_back(k);
-      return cmd_ab(Args(argc, argv, 2, valued, {"--allow-missing"}));
+      return cmd_ab(Args(argc, argv, 2, valued, {"--allow-missing", "--no-lockstep"}));
     }
     if (cmd == "gate-selftest")
       return cmd_gate_selftest(Args(argc, argv, 2, {"--trials", "--runs", "--slowdowns", "--out-dir"}, {}));

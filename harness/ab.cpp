@@ -1,11 +1,15 @@
 #include "harness/ab.hpp"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <sstream>
+
+#include "harness/lockstep.hpp"
 
 namespace memtrade {
 
@@ -65,40 +69,89 @@ AbResult run_ab(const AbOptions& o) {
       if (f.path().filename().string().rfind("run-", 0) == 0) std::filesystem::remove(f.path());
   }
   AbResult res;
-  auto run_one = [&](bool candidate, const std::string& filter, int round) {
-    auto& files = candidate ? res.candidate_files : res.baseline_files;
-    char name[32];
-    std::snprintf(name, sizeof name, "run-%02zu.json", files.size());
-    const auto out = (candidate ? dir_b : dir_a) / name;
-    // `env NAME=VALUE ... BIN run ...`: this side's settings, and no shell in between.
+  // `env NAME=VALUE ... BIN run ARGS`: this side's settings, and no shell in between.
+  auto command = [&](bool candidate, std::vector<std::string> run_args) {
     std::vector<std::string> args = {"env"};
     for (const auto& kv : candidate ? o.candidate_env : o.baseline_env) args.push_back(kv);
-    for (const std::string a : {(candidate ? o.candidate_bin : o.baseline_bin).string(), std::string("run"),
-                                std::string("--quiet"), std::string("--no-probe"), std::string("--out"), out.string()})
-      args.push_back(a);
+    args.push_back((candidate ? o.candidate_bin : o.baseline_bin).string());
+    args.push_back("run");
+    args.insert(args.end(), run_args.begin(), run_args.end());
     args.insert(args.end(), o.run_args.begin(), o.run_args.end());
+    return args;
+  };
+  auto next_out = [&](bool candidate) {
+    char name[32];
+    std::snprintf(name, sizeof name, "run-%02zu.json", (candidate ? res.candidate_files : res.baseline_files).size());
+    return (candidate ? dir_b : dir_a) / name;
+  };
+  auto with_filter = [](std::vector<std::string> args, const std::string& filter) {
     if (!filter.empty()) {
       args.push_back("--filter");
       args.push_back(filter);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    const int rc = run_program(args);
+    return args;
+  };
+  auto check_exit = [&](bool candidate, int rc, const std::vector<std::string>& args) {
     // 3: the run finished but recorded failed cases; they show up in the comparison.
-    if (rc != 0 && rc != 3) {
-      std::string cmd;
-      for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
-      throw Error("ab: the " + std::string(candidate ? "candidate" : "baseline") + " run failed (exit " +
-                  std::to_string(rc) + "): " + cmd);
-    }
-    files.push_back(out);
+    if (rc == 0 || rc == 3) return;
+    std::string cmd;
+    for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
+    throw Error("ab: the " + std::string(candidate ? "candidate" : "baseline") + " run failed (exit " +
+                std::to_string(rc) + "): " + cmd);
+  };
+  auto run_one = [&](bool candidate, const std::string& filter, int round) {
+    const auto out = next_out(candidate);
+    const auto args = command(candidate, with_filter({"--quiet", "--no-probe", "--out", out.string()}, filter));
+    const auto t0 = std::chrono::steady_clock::now();
+    check_exit(candidate, run_program(args), args);
+    (candidate ? res.candidate_files : res.baseline_files).push_back(out);
     if (o.verbose)
       std::printf("ab: round %d %-9s %s (%.1f s)\n", round, candidate ? "candidate" : "baseline", out.c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fflush(stdout);
   };
+  // Lockstep: both runs at once, each case timed by one right after the other (see lockstep.hpp).
+  auto lockstep_round = [&](const std::string& filter, int round) {
+    const auto out_a = next_out(false), out_b = next_out(true);
+    const auto args_a = command(false, with_filter({"--quiet", "--no-probe", "--out", out_a.string()}, filter));
+    const auto args_b = command(true, with_filter({"--quiet", "--no-probe", "--out", out_b.string()}, filter));
+    auto listing = [&](bool candidate) {
+      std::vector<std::string> names;
+      std::istringstream in(capture_program(command(candidate, with_filter({"--list"}, filter))));
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) names.push_back(line);
+      return names;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    LockstepChild a = start_lockstep_child(args_a, "baseline");
+    a.order = listing(false);
+    LockstepChild b = start_lockstep_child(args_b, "candidate");
+    b.order = listing(true);
+    int pairs = 0;
+    try {
+      // Which build times a case first alternates by case and by round.
+      pairs = drive_lockstep(a, b, [&](int i) { return (i + round) % 2 == 0; });
+    } catch (...) {
+      for (auto* c : {&a, &b})
+        if (c->exit_status < 0) kill(c->pid, SIGKILL), waitpid(c->pid, nullptr, 0);
+      throw;
+    }
+    check_exit(false, a.exit_status, args_a);
+    check_exit(true, b.exit_status, args_b);
+    res.baseline_files.push_back(out_a);
+    res.candidate_files.push_back(out_b);
+    if (o.verbose)
+      std::printf("ab: round %d in lockstep: %s, %s (%d cases paired, %.1f s)\n", round, out_a.c_str(), out_b.c_str(),
+                  pairs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::fflush(stdout);
+  };
   auto rounds = [&](const std::string& filter) {
     for (int i = 0; i < o.runs; ++i) {
       ++res.rounds;
+      if (o.lockstep) {
+        lockstep_round(filter, res.rounds);
+        continue;
+      }
       // ABBA: the first of a pair alternates, so a trend in the machine's speed hits both sides alike.
       const bool candidate_first = res.rounds % 2 == 0;
       run_one(candidate_first, filter, res.rounds);
@@ -109,7 +162,9 @@ AbResult run_ab(const AbOptions& o) {
     std::vector<LoadedResults> a, b;
     for (const auto& f : res.baseline_files) a.push_back(load_results(f));
     for (const auto& f : res.candidate_files) b.push_back(load_results(f));
-    res.compare = compare_runs(a, b, o.compare);
+    CompareOptions co = o.compare;
+    co.paired = o.lockstep;
+    res.compare = compare_runs(a, b, co);
   };
   rounds(o.filter);
   compare();

@@ -164,7 +164,8 @@ CompareRow judge_declared(const std::string& name, const std::string& k, const J
 
 RunTime summarize_run(const Summary& s, const CompareOptions& o) {
   RunTime r;
-  r.median = stats::median(s.times_s);
+  r.value = o.time_stat == CompareOptions::RunStat::min ? *std::min_element(s.times_s.begin(), s.times_s.end())
+                                                        : stats::median(s.times_s);
   const double cv = stats::cv(s.times_s);
   if (cv > o.max_cv) {
     r.stable = false;
@@ -371,22 +372,31 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     std::vector<double> bt, ct;
     int dropped = 0;
     std::string why;
-    auto collect = [&](const std::vector<LoadedResults>& runs, const std::vector<RunIndex>& index,
-                       std::vector<double>& out) {
+    // One value per run, NaN where the run has no stable time for the case.
+    auto collect = [&](const std::vector<LoadedResults>& runs, const std::vector<RunIndex>& index) {
+      std::vector<double> out;
       for (std::size_t i = 0; i < runs.size(); ++i) {
         const LoadedResults& run = runs[i];
         const Summary* s = find_case(index[i], id);
+        out.push_back(std::nan(""));
         if (!s || s->status != "ok" || s->times_s.empty()) continue;
         const RunTime t = summarize_run(*s, o);
-        if (t.stable) out.push_back(t.median);
+        if (t.stable) out.back() = t.value;
         else {
           ++dropped;
           if (why.empty()) why = run.path.filename().string() + ": " + t.why;
         }
       }
+      return out;
     };
-    collect(base_runs, base_index, bt);
-    collect(cur_runs, cur_index, ct);
+    const std::vector<double> b_all = collect(base_runs, base_index), c_all = collect(cur_runs, cur_index);
+    const bool paired = o.paired && b_all.size() == c_all.size();
+    for (std::size_t i = 0; i < std::max(b_all.size(), c_all.size()); ++i) {
+      const bool have_b = i < b_all.size() && !std::isnan(b_all[i]), have_c = i < c_all.size() && !std::isnan(c_all[i]);
+      if (paired && !(have_b && have_c)) continue;  // a pair needs both halves
+      if (have_b) bt.push_back(b_all[i]);
+      if (have_c) ct.push_back(c_all[i]);
+    }
     if (bt.empty() && ct.empty() && !dropped) continue;
     const std::string mb = machine_class_of(base, b.backend), mc = machine_class_of(cur, c.backend);
     if (mb.empty() || mb != mc) {
@@ -403,12 +413,17 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
       continue;
     }
     const double effect = min_effect_of(b.name);
-    const auto t = stats::compare_runs(bt, ct);
+    const auto t = paired ? stats::compare_pairs(bt, ct) : stats::compare_runs(bt, ct);
+    const char* per_run = o.time_stat == CompareOptions::RunStat::min ? "fastest repetitions" : "medians";
     CompareRow row{id, "time", num(t.baseline_median), num(t.candidate_median), fmt("%+.1f%%", 100 * (t.ratio - 1)),
                    "ok",
-                   fmt("median of run medians %.4g s", t.baseline_median) + " (" + std::to_string(bt.size()) +
-                       " runs)" + fmt(" -> %.4g s", t.candidate_median) + " (" + std::to_string(ct.size()) + " runs)" +
-                       fmt(", one-sided p = %.3g", t.ratio >= 1 ? t.p_slower : t.p_faster),
+                   paired ? fmt("median of %zu paired rounds' ratios", bt.size()) +
+                                fmt(" %.4g", t.ratio) + fmt(" (%.4g s", t.baseline_median) +
+                                fmt(" -> %.4g s)", t.candidate_median) +
+                                fmt(", one-sided signed-rank p = %.3g", t.ratio >= 1 ? t.p_slower : t.p_faster)
+                          : "median of the runs' " + std::string(per_run) + fmt(" %.4g s", t.baseline_median) + " (" + std::to_string(bt.size()) +
+                                " runs)" + fmt(" -> %.4g s", t.candidate_median) + " (" + std::to_string(ct.size()) +
+                                " runs)" + fmt(", one-sided p = %.3g", t.ratio >= 1 ? t.p_slower : t.p_faster),
                    false};
     if (dropped) row.detail += ", " + std::to_string(dropped) + " unstable run(s) left out";
     // One-sided tests: "slower" and "faster" are separate questions, each at alpha.
@@ -442,7 +457,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
   if (untestable)
     R.notes.push_back("time is listed, not gated, for " + std::to_string(untestable) +
                       " case(s): too few stable runs for the test to reach p < " + fmt("%g", o.time_alpha) +
-                      " (time gates on independent runs: 5 a side at alpha 0.01, e.g. memtrade ab --runs 5)");
+                      " (time gates on independent runs: 5 a side at alpha 0.01, or 7 paired rounds, e.g. memtrade ab --runs 7)");
   compare_claims(base, cur, o, add);
   for (const auto& c : cur.cases)
     if (!base_names.count(record_id(c))) add({record_id(c), "case", nullptr, c.status, "", "new", "not in the baseline", false});

@@ -47,18 +47,26 @@ struct CompareOptions {
   double error_floor = 0;     // absolute floor of rel_l2_err growth
   double error_floor_u = 2;   // ... and in unit roundoffs of the case dtype
   double time_alpha = 0.01;
-  double time_min_effect = 0.05;  // 5% slower median of the run medians
+  double time_min_effect = 0.05;  // 5% slower (median of the runs' values, or of the paired rounds' ratios)
+  // A run's time of a case: the fastest of its repetitions (default) or their median. On a shared
+  // machine interference only adds time and comes in bursts that can cover most of a run's
+  // repetitions, so the minimum varies far less between runs (README, "Regression gate").
+  enum class RunStat { min, median } time_stat = RunStat::min;
   // Per-case minimum effects: the first pattern (ECMAScript regex, searched in the case name) that
   // matches sets it.
   std::vector<std::pair<std::string, double>> min_effect_for;
   double max_cv = 0.25;         // a run whose repetitions spread wider is unstable
   double min_cpu_share = 0.5;   // a CPU repetition with CPU/wall below this share of the run's best was pre-empted
   bool allow_missing = false;
+  // Run i of the baseline and run i of the current side form a pair (ab's lockstep rounds): time is
+  // then judged on the per-round ratios (stats::compare_pairs) instead of the two sets of runs.
+  bool paired = false;
 };
 
-// One case's time in one run: the median of its repetitions, and whether the run is usable.
+// One case's time in one run (its repetitions' minimum or median, per CompareOptions::time_stat), and
+// whether the run is usable.
 struct RunTime {
-  double median = 0;
+  double value = 0;
   bool stable = true;
   std::string why;  // why not stable
 };

@@ -1,5 +1,6 @@
 #include "harness/runner.hpp"
 
+
 #include <benchmark/benchmark.h>
 
 #include <time.h>
@@ -11,6 +12,7 @@
 #include <regex>
 
 #include "harness/heap_probe.hpp"
+#include "harness/lockstep.hpp"
 
 #include "harness/probe.hpp"
 #include "harness/stats.hpp"
@@ -251,7 +253,11 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     // Timing.
     const Work work = w->work();
     if (work.cold_cache) rec.counters["cold_cache"] = 1;
-    time_with_gbench(rec, *w, dev, repetitions, min_time_s, work.cold_cache);
+    {
+      // Under ab's lockstep the other build times this case right before or after this one.
+      LockstepTurn turn(rec.name + (impl.backend == Backend::cpu ? "" : " (" + std::string(backend_name(impl.backend)) + ")"));
+      time_with_gbench(rec, *w, dev, repetitions, min_time_s, work.cold_cache);
+    }
     add_throughput(rec, w->work(), impl.backend, ceilings);
   } catch (const OutOfMemory& e) {
     rec.status = "oom";

@@ -106,6 +106,84 @@ RunComparison compare_runs(const std::vector<double>& a, const std::vector<doubl
   return r;
 }
 
+RunComparison compare_pairs(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) throw Error("compare_pairs: the two sides must have one value per round");
+  check_sample(a, "compare_pairs");
+  check_sample(b, "compare_pairs");
+  std::vector<double> log_ratio, ratio;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i] > 0) || !(b[i] > 0)) throw Error("compare_pairs: times must be positive");
+    ratio.push_back(b[i] / a[i]);
+    log_ratio.push_back(std::log(b[i] / a[i]));
+  }
+  RunComparison r{};
+  r.baseline_median = median(a);
+  r.candidate_median = median(b);
+  r.ratio = median(ratio);
+  const SignedRank w = wilcoxon_signed_rank(log_ratio);
+  r.p_slower = w.p_greater;
+  r.p_faster = w.p_less;
+  r.p = std::min(1.0, 2 * std::min(w.p_greater, w.p_less));
+  r.min_p = std::ldexp(1.0, -static_cast<int>(std::min<std::size_t>(a.size(), 1000)));
+  return r;
+}
+
+SignedRank wilcoxon_signed_rank(const std::vector<double>& d_in) {
+  check_sample(d_in, "wilcoxon_signed_rank");
+  std::vector<double> d;
+  for (double x : d_in)
+    if (x != 0) d.push_back(x);
+  SignedRank res{0, 1, 1, d.size(), false};
+  if (d.empty()) return res;  // no evidence either way
+  const std::size_t n = d.size();
+  // Rank |d| (1-based, ties get the average rank); W+ sums the ranks of the positive differences.
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t l, std::size_t r) { return std::abs(d[l]) < std::abs(d[r]); });
+  double tie_term = 0;
+  std::vector<std::size_t> rank2(n);  // twice each |d|'s rank: average ranks of ties are half integers
+  for (std::size_t i = 0; i < n;) {
+    std::size_t j = i;
+    while (j < n && std::abs(d[order[j]]) == std::abs(d[order[i]])) ++j;
+    const std::size_t r2 = i + 1 + j;  // twice the average of the ranks i+1 .. j
+    for (std::size_t k = i; k < j; ++k) {
+      rank2[k] = r2;
+      if (d[order[k]] > 0) res.w_plus += static_cast<double>(r2) / 2;
+    }
+    const double t = static_cast<double>(j - i);
+    tie_term += t * t * t - t;
+    i = j;
+  }
+  const double dn = static_cast<double>(n);
+  const double total = dn * (dn + 1) / 2;
+  if (n <= 50) {
+    // Under the null each of the 2^n sign patterns of these ranks is equally likely (with ties: of the
+    // tied ranks, the conditional distribution); count[s] = how many give 2 W+ = s. Counts stay below
+    // 2^50: exact in double.
+    res.exact = true;
+    const auto max_s = static_cast<std::size_t>(2 * total);
+    std::vector<double> count(max_s + 1, 0.0);
+    count[0] = 1;
+    for (std::size_t r2 : rank2)
+      for (std::size_t x = max_s; x >= r2; --x) count[x] += count[x - r2];
+    const auto w2 = static_cast<std::size_t>(std::llround(2 * res.w_plus));
+    double le = 0, ge = 0;
+    for (std::size_t x = 0; x <= max_s; ++x) {
+      if (x <= w2) le += count[x];
+      if (x >= w2) ge += count[x];
+    }
+    const double all = std::ldexp(1.0, static_cast<int>(n));
+    res.p_less = le / all;
+    res.p_greater = ge / all;
+  } else {
+    const double mean = total / 2;
+    const double sd = std::sqrt(dn * (dn + 1) * (2 * dn + 1) / 24 - tie_term / 48);
+    res.p_greater = sd > 0 ? normal_sf((res.w_plus - mean) / sd) : 0.5;
+    res.p_less = sd > 0 ? normal_sf((mean - res.w_plus) / sd) : 0.5;
+  }
+  return res;
+}
+
 MannWhitney mann_whitney_u(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.empty() || b.empty()) throw Error("mann_whitney_u: both samples must be non-empty");
   for (const auto* s : {&a, &b})

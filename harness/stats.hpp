@@ -46,4 +46,24 @@ struct RunComparison {
 };
 RunComparison compare_runs(const std::vector<double>& baseline_runs, const std::vector<double>& candidate_runs);
 
+// One-sample Wilcoxon signed-rank test of the differences d, as scipy.stats.wilcoxon(d,
+// zero_method='wilcox', correction=False, method='auto'): zeros are dropped; the exact p-value when
+// at most 50 remain (with tied |d|, over the sign patterns of the tied ranks), otherwise the normal
+// approximation with the tie correction.
+struct SignedRank {
+  double w_plus;     // sum of the ranks of |d| over the positive differences
+  double p_greater;  // one-sided: d tends to be positive (scipy's alternative='greater')
+  double p_less;     // one-sided: d tends to be negative
+  std::size_t n;     // non-zero differences used
+  bool exact;
+};
+SignedRank wilcoxon_signed_rank(const std::vector<double>& d);
+
+// Time of two builds measured in paired rounds (round i: one baseline and one candidate value taken
+// moments apart, ab's lockstep order), so that what drifts between rounds (the neighbours' load, the
+// clock) cancels in each pair's ratio. The effect is the median of the per-round ratios
+// candidate/baseline; the significance the one-sided signed-rank tests on their logarithms. The
+// smallest one-sided p with n pairs is 2^-n (7 pairs reach p < 0.01).
+RunComparison compare_pairs(const std::vector<double>& baseline, const std::vector<double>& candidate);
+
 }  // namespace memtrade::stats

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -382,4 +383,50 @@ TEST(Compare, AClaimLeavingReproducedIsARegressionUnlessItsDataChanged) {
   EXPECT_EQ(regressions_named(r, "claim/int4-mmlu", "verdict"), 1);
   r = compare_results(sample(), with_claim("reproduced", spec), {});
   EXPECT_EQ(r.regressions, 0);
+}
+
+TEST(Compare, PairedRoundsCancelTheMachinesDriftBetweenRounds) {
+  // Seven rounds; the machine's speed drifts by up to 30% between rounds, equally for both builds of a
+  // round (lockstep). The candidate is 8% slower in every round.
+  const double drift[] = {1.0, 1.3, 0.95, 1.2, 1.05, 1.28, 0.9};
+  std::vector<LoadedResults> base, cur;
+  for (int i = 0; i < 7; ++i) {
+    auto a = sample(), b = sample();
+    a.path = "baseline/run-" + std::to_string(i) + ".json";
+    b.path = "candidate/run-" + std::to_string(i) + ".json";
+    for (auto& c : a.cases)
+      for (auto& t : c.times_s) t *= drift[i];
+    for (auto& c : b.cases)
+      for (auto& t : c.times_s) t *= drift[i] * 1.08;
+    base.push_back(a);
+    cur.push_back(b);
+  }
+  const std::string name = "gemm/n=64,dtype=fp32/openblas";
+  CompareOptions paired;
+  paired.paired = true;
+  const auto r = compare_runs(base, cur, paired);
+  EXPECT_EQ(regressions_named(r, name, "time"), 1);
+  ASSERT_NE(row_of(r, name, "time"), nullptr);
+  EXPECT_NE(row_of(r, name, "time")->detail.find("paired rounds"), std::string::npos);
+  EXPECT_EQ(row_of(r, name, "time")->change, "+8.0%");
+  // Unpaired, the same runs overlap: no verdict.
+  EXPECT_EQ(regressions_named(compare_runs(base, cur, {}), name, "time"), 0);
+  // Identical builds under the same drift: clean.
+  EXPECT_EQ(compare_runs(base, base, paired).regressions, 0);
+  // A round with an unstable half drops the whole pair: 6 pairs cannot reach p < 0.01.
+  cur[3].cases[0].times_s[0] *= 10;
+  const auto r6 = compare_runs(base, cur, paired);
+  EXPECT_EQ(regressions_named(r6, name, "time"), 0);
+  EXPECT_EQ(row_of(r6, name, "time")->verdict, "unstable");
+}
+
+TEST(Compare, RunTimeIsTheFastestRepetitionUnlessTheMedianIsAsked) {
+  // A burst of interference slows six of nine repetitions by 40%: the median moves, the minimum does not.
+  Summary s = sample().cases[0];
+  const double fastest = *std::min_element(s.times_s.begin(), s.times_s.end());
+  for (int i = 3; i < 9; ++i) s.times_s[i] *= 1.4;
+  EXPECT_EQ(summarize_run(s, {}).value, fastest);
+  CompareOptions med;
+  med.time_stat = CompareOptions::RunStat::median;
+  EXPECT_GT(summarize_run(s, med).value, 1.3 * fastest);
 }

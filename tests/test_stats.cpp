@@ -251,3 +251,73 @@ TEST(Stats, RunLevelTestHasItsSizeAndPowerWherePooledRepetitionsDoNot) {
   EXPECT_GT(flag_rate(1.25, 2000), 0.95);
   EXPECT_GT(flag_rate(1.10, 2000), 0.80);
 }
+
+// Expectations from scipy.stats.wilcoxon(d, alternative='greater' / 'less'), scipy 1.17.1.
+TEST(SignedRank, AgainstScipy) {
+  struct Row {
+    std::vector<double> d;
+    double w_plus, p_greater, p_less;
+    bool exact;
+  };
+  std::vector<double> big;
+  for (int i = 0; i < 60; ++i) big.push_back(((i * 37) % 23 - 8) / 10.0 + 0.05 * i);
+  const std::vector<Row> rows = {
+      {{0.05, 0.02, -0.01, 0.03, 0.04, 0.06, 0.07}, 27, 0.015625, 0.9921875, true},
+      {{0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07}, 28, 0.0078125, 1.0, true},  // 2^-7: the floor of 7 pairs
+      {{0.1, 0.1, -0.2, 0.3, 0.3, 0.3, -0.1, 0.4}, 30, 0.05859375, 0.96875, true},  // tied |d|
+      {{0, 0.2, -0.1, 0.3, 0.5, 0.0, 0.6}, 14, 0.0625, 0.96875, true},              // zeros dropped
+      {big, 1806, 2.705073055176049e-11, 0.9999999999729493, false},               // n > 50: normal
+  };
+  for (const auto& r : rows) {
+    const SignedRank w = wilcoxon_signed_rank(r.d);
+    EXPECT_EQ(w.w_plus, r.w_plus);
+    EXPECT_EQ(w.exact, r.exact);
+    EXPECT_NEAR(w.p_greater, r.p_greater, (r.exact ? kExactTol : kAsymTol) * r.p_greater);
+    EXPECT_NEAR(w.p_less, r.p_less, (r.exact ? kExactTol : 1e-12));
+  }
+  EXPECT_THROW(wilcoxon_signed_rank({}), Error);
+  EXPECT_THROW(wilcoxon_signed_rank({1.0, std::nan("")}), Error);
+  const SignedRank zeros = wilcoxon_signed_rank({0.0, 0.0});
+  EXPECT_EQ(zeros.p_greater, 1.0);  // no evidence
+}
+
+TEST(SignedRank, PairedComparisonIsTheMedianRatioOfTheRounds) {
+  // Each round's pair shares the machine's speed of the moment: 30% drift between rounds, 2-4% slower
+  // candidate in every round. The paired test sees it; the unpaired one cannot.
+  const std::vector<double> a = {1.0, 1.3, 0.9, 1.2, 1.0, 1.25, 0.95};
+  std::vector<double> b;
+  const double slow[] = {1.03, 1.02, 1.04, 1.03, 1.02, 1.035, 1.025};
+  for (std::size_t i = 0; i < a.size(); ++i) b.push_back(a[i] * slow[i]);
+  const RunComparison p = compare_pairs(a, b);
+  EXPECT_NEAR(p.ratio, 1.03, 1e-12);
+  EXPECT_DOUBLE_EQ(p.p_slower, 1.0 / 128);
+  EXPECT_DOUBLE_EQ(p.p_faster, 1.0);
+  EXPECT_DOUBLE_EQ(p.min_p, 1.0 / 128);
+  EXPECT_GT(compare_runs(a, b).p_slower, 0.1);
+  EXPECT_THROW(compare_pairs({1.0}, {1.0, 2.0}), Error);
+  EXPECT_THROW(compare_pairs({1.0}, {0.0}), Error);
+}
+
+TEST(SignedRank, PairedTestHasItsSizeUnderDrift) {
+  // Identical builds under a drifting machine (log-normal round factor, 20%) and 3% pair noise:
+  // 7 pairs flag at most about 2^-7 of the time; a 10% slowdown nearly always.
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> drift(0, 0.2), noise(0, 0.03);
+  auto rate = [&](double factor, int trials) {
+    int hits = 0;
+    for (int t = 0; t < trials; ++t) {
+      std::vector<double> a, b;
+      for (int i = 0; i < 7; ++i) {
+        const double m = std::exp(drift(rng));
+        a.push_back(m * std::exp(noise(rng)));
+        b.push_back(factor * m * std::exp(noise(rng)));
+      }
+      const RunComparison c = compare_pairs(a, b);
+      hits += c.p_slower < 0.01 && c.ratio > 1.05;
+    }
+    return static_cast<double>(hits) / trials;
+  };
+  EXPECT_LT(rate(1.0, 4000), 0.01);
+  EXPECT_GT(rate(1.10, 2000), 0.80);
+  EXPECT_GT(rate(1.25, 2000), 0.99);
+}

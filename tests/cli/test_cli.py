@@ -315,30 +315,38 @@ def check_time_regression() -> str:
 
 
 def check_ab() -> str:
-    out = path("ab")
-    cj = fresh("cmp_ab.json")
-    cp = memtrade("ab", "--baseline-bin", str(CTX.memtrade), "--candidate-bin", str(CTX.memtrade),
-                  "--suite", "calibrate", "--profile", "test", "--set", "n=1000000", "--filter", "/compute$",
-                  "--candidate-env", "MEMTRADE_CALIBRATE_SCALE=2", "--runs", "5", "--retries", "1",
-                  "--out-dir", str(out), "--json", cj.name, timeout=300)
-    c = load_compare_json(cj.name, cp)
-    runs_a = sorted(p.name for p in (out / "baseline").glob("run-*.json"))
-    runs_b = sorted(p.name for p in (out / "candidate").glob("run-*.json"))
-    expect(len(runs_a) >= 5 and len(runs_a) == len(runs_b),
-           f"ab --runs 5 left {len(runs_a)} baseline and {len(runs_b)} candidate runs", cp)
-    time_rows = [r for r in c["rows"] if r["metric"] == "time"]
-    expect(len(time_rows) == 1 and time_rows[0]["verdict"] in ("regression", "unstable"),
-           f"ab with the candidate doing 2x the work: expected the compute case's time to be a regression "
-           f"(or unstable on a loaded machine), got {time_rows}", cp)
-    expect(cp.returncode == (1 if time_rows[0]["verdict"] == "regression" else 0),
-           f"ab exit code {cp.returncode} does not match its verdict", cp)
-    other = [r for r in c["rows"] if r["regression"] and r["metric"] != "time"]
-    expect(not other, f"ab: regressions other than time for a change of work only: {other}", cp)
+    verdicts = []
+    # Lockstep (default, 7 paired rounds) and whole runs one after the other (5 a side, unpaired).
+    for mode, runs in (("lockstep", 7), ("no-lockstep", 5)):
+        out = path("ab-" + mode)
+        cj = fresh(f"cmp_ab_{mode}.json")
+        cp = memtrade("ab", "--baseline-bin", str(CTX.memtrade), "--candidate-bin", str(CTX.memtrade),
+                      "--suite", "calibrate", "--profile", "test", "--set", "n=1000000", "--filter", "/compute$",
+                      "--candidate-env", "MEMTRADE_CALIBRATE_SCALE=2", "--runs", str(runs), "--retries", "1",
+                      "--out-dir", str(out), "--json", cj.name, *(["--no-lockstep"] if mode == "no-lockstep" else []),
+                      timeout=300)
+        c = load_compare_json(cj.name, cp)
+        runs_a = sorted(p.name for p in (out / "baseline").glob("run-*.json"))
+        runs_b = sorted(p.name for p in (out / "candidate").glob("run-*.json"))
+        expect(len(runs_a) >= runs and len(runs_a) == len(runs_b),
+               f"ab --runs {runs} ({mode}) left {len(runs_a)} baseline and {len(runs_b)} candidate runs", cp)
+        expect(("in lockstep" in cp.stdout) == (mode == "lockstep"), f"ab ({mode}): rounds not reported as such", cp)
+        time_rows = [r for r in c["rows"] if r["metric"] == "time"]
+        expect(len(time_rows) == 1 and time_rows[0]["verdict"] in ("regression", "unstable"),
+               f"ab ({mode}) with the candidate doing 2x the work: expected the compute case's time to be a "
+               f"regression (or unstable on a loaded machine), got {time_rows}", cp)
+        expect(("paired rounds" in time_rows[0]["detail"]) == (mode == "lockstep"),
+               f"ab ({mode}): the time row is not judged {'paired' if mode == 'lockstep' else 'unpaired'}", cp)
+        expect(cp.returncode == (1 if time_rows[0]["verdict"] == "regression" else 0),
+               f"ab exit code {cp.returncode} does not match its verdict", cp)
+        other = [r for r in c["rows"] if r["regression"] and r["metric"] != "time"]
+        expect(not other, f"ab: regressions other than time for a change of work only: {other}", cp)
+        verdicts.append(f"{mode}: {time_rows[0]['verdict']} over {len(runs_a)} rounds")
     cp = memtrade("ab", "--baseline-bin", str(path("no-such-binary")), "--candidate-bin", str(CTX.memtrade),
                   "--suite", "calibrate")
     expect_rc(cp, 2, "ab with a missing baseline binary")
     expect("not an executable" in cp.stderr, "ab with a missing binary does not say so", cp)
-    return f"ab of 2x work: {time_rows[0]['verdict']} over {len(runs_a)} alternating runs a side; a missing binary exits 2"
+    return f"ab of 2x work: {'; '.join(verdicts)}; a missing binary exits 2"
 
 
 def check_unreadable_input() -> str:
