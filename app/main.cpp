@@ -503,6 +503,8 @@ int cmd_report(const Args& a) {
     write_file(compare_json, compare_to_json(r).dump(1) + "\n");
     args.push_back("--compare");
     args.push_back(compare_json);
+    args.push_back("--baseline-results");
+    args.push_back(a.get("--baseline"));
   }
   args.push_back("-o");
   args.push_back(a.get("-o"));

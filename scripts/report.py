@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import string
 import sys
 from dataclasses import dataclass, field
 
@@ -31,47 +32,37 @@ except ImportError as _e:
     sys.exit(f"report.py: error: {_e.name} is required (pip install matplotlib numpy); "
              f"interpreter: {sys.executable}")
 
+NOISY_CV = 0.10  # a case whose repetitions spread more than this is marked noisy in the tables
 TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 NON_OK_STATUSES = ("oom", "skipped", "error")
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 32px;color:#1b1b1b;max-width:1500px}
-h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px} h3{margin-top:24px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0 16px}
-th,td{border:1px solid #d4d4d4;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-td{max-width:420px}
-th{background:#f1f3f5} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.ctx-wrap{display:flex;flex-wrap:wrap;gap:16px} .ctx-wrap>div{flex:0 1 640px;min-width:0}
-.plots{display:flex;flex-wrap:wrap;gap:12px} .plots figure{margin:0;max-width:640px} img.plot{max-width:100%;border:1px solid #eee}
-figcaption,.note{font-size:12px;color:#555;max-width:680px}
-.muted{color:#666} .nowrap{white-space:nowrap} .warn{background:#fff4d6;border-left:4px solid #e0a800;padding:6px 10px}
-.synthetic{background:#ffe3e3;border-left:4px solid #c92a2a;padding:6px 10px;font-weight:600}
-tr.regression td{background:#ffd8d8} tr.improved td{background:#d3f9d8}
-tr.missing td,tr.status_changed td{background:#fff4d6}
-.st-oom{background:#ffd8d8;color:#a00} .st-error{background:#ffc9c9;color:#900;font-weight:600}
-.st-skipped{background:#e9ecef;color:#555} .st-ok{color:#2b8a3e}
-.v-reproduced{background:#d3f9d8;color:#1b5e20;font-weight:600}
-.v-not_reproduced{background:#ffd8d8;color:#a00;font-weight:600} .v-out_of_scope{background:#e9ecef;color:#555}
-.v-inconclusive{background:#fff3bf;color:#7a5b00;font-weight:600} .v-error{background:#a00;color:#fff;font-weight:600}
-td.v-reproduced,td.v-not_reproduced,td.v-inconclusive,td.v-out_of_scope,td.v-error{white-space:nowrap;overflow-wrap:normal}
-.big-ok{font-size:18px;color:#2b8a3e;font-weight:700} .big-bad{font-size:18px;color:#c92a2a;font-weight:700}
-nav a{margin-right:14px}
-"""
 
-LOAD_CHECK_JS = """
-window.addEventListener('load', function () {
-  var imgs = document.querySelectorAll('img.plot'), n = 0;
-  for (var i = 0; i < imgs.length; i++) { if (imgs[i].complete && imgs[i].naturalWidth > 0) n++; }
-  document.body.dataset.plotsLoaded = String(n);
-  document.body.dataset.plotsTotal = String(imgs.length);
-  document.body.dataset.pageWidth = String(document.documentElement.scrollWidth);
-  if (imgs.length) {
-    var r = imgs[0].getBoundingClientRect();
-    document.body.dataset.firstPlotRect = [r.left + window.scrollX, r.top + window.scrollY,
-                                           r.width, r.height].map(Math.round).join(',');
-  }
-});
-"""
+
+def template_dir():
+    """The page template, style and script: $MEMTRADE_REPORT_TEMPLATE, else report_template/ beside this
+    script (the build copies it beside the binary), else the source tree's reports/template/."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = os.environ.get("MEMTRADE_REPORT_TEMPLATE")
+    for d in ([env] if env else []) + [os.path.join(here, "report_template"),
+                                       os.path.join(here, os.pardir, "reports", "template")]:
+        if os.path.isfile(os.path.join(d, "page.html")):
+            return d
+    raise ReportError("the report template (page.html, style.css, load_check.js) was not found beside "
+                      f"{here} nor in the source tree; set MEMTRADE_REPORT_TEMPLATE to its folder")
+
+
+def render_page(title, body):
+    d = template_dir()
+    parts = {}
+    for name in ("page.html", "style.css", "load_check.js"):
+        try:
+            with open(os.path.join(d, name), encoding="utf-8") as f:
+                parts[name] = f.read()
+        except OSError as e:
+            raise ReportError(f"cannot read the report template file {os.path.join(d, name)}: {e.strerror}") from None
+    return string.Template(parts["page.html"]).substitute(title=esc(title), style=parts["style.css"],
+                                                          script=parts["load_check.js"], body=body)
+
 
 
 class ReportError(Exception):
@@ -206,6 +197,7 @@ class Case:
     status: str = "ok"
     detail: str = ""
     times: list = field(default_factory=list)   # seconds, one per ok repetition
+    cpu_times: list = field(default_factory=list)  # the calling thread's CPU seconds, per repetition
     counters: dict = field(default_factory=dict)
 
     @property
@@ -215,6 +207,21 @@ class Case:
     @property
     def median_time(self):
         return float(np.median(self.times)) if self.times else None
+
+    @property
+    def timing_noise(self):
+        """Why this case's timing should not be trusted ('' when it looks clean): repetitions spread more than
+        NOISY_CV, or (CPU) one repetition's CPU/wall share fell below half the best one's (pre-empted)."""
+        why = []
+        if len(self.times) >= 2 and np.mean(self.times) > 0:
+            cv = float(np.std(self.times, ddof=1) / np.mean(self.times))
+            if cv > NOISY_CV:
+                why.append(f"repetitions spread {100 * cv:.0f}%")
+        if self.backend == "cpu" and len(self.cpu_times) == len(self.times) and len(self.times) >= 2:
+            shares = [c / t for c, t in zip(self.cpu_times, self.times) if t > 0]
+            if shares and min(shares) < 0.5 * max(shares):
+                why.append(f"pre-empted (CPU/wall {min(shares):.2f} against {max(shares):.2f})")
+        return "; ".join(why)
 
 
 def _is_counter(key):
@@ -274,6 +281,8 @@ def collect_cases(results):
             continue
         if st == "ok" and _isnum(e.get("real_time")):
             c.times.append(e["real_time"] * scale)
+            if _isnum(e.get("cpu_time")):
+                c.cpu_times.append(e["cpu_time"] * scale)
         for k, v in e.items():
             if _is_counter(k) and _isnum(v):
                 c.counters.setdefault(k, []).append(v)
@@ -331,6 +340,39 @@ def pareto_front(points):
     return sorted(front)
 
 
+def facet_cases(cases, x_param):
+    """{facet label: {series label: [Case sorted by x]}}: one panel per combination of the parameters that
+    vary (other than x), one line per implementation (and backend, and suite when several)."""
+    multi_suite = len({c.suite for c in cases}) > 1
+    multi_backend = len({c.backend for c in cases}) > 1
+    keys = {k for c in cases for k in c.params}
+    varying = sorted(k for k in keys if k != x_param
+                     and len({json.dumps(c.params.get(k), sort_keys=True) for c in cases}) > 1)
+    facets = {}
+    for c in cases:
+        facet = " ".join(f"{k}={c.params[k]}" for k in varying if k in c.params) or "all cases"
+        label = " ".join(p for p in (c.suite if multi_suite else "", c.impl,
+                                     f"[{c.backend}]" if multi_backend else "") if p)
+        facets.setdefault(facet, {}).setdefault(label, []).append(c)
+    for series in facets.values():
+        for lst in series.values():
+            lst.sort(key=lambda c: (c.x is None, c.x or 0))
+    return facets
+
+
+# Lines of different implementations that coincide (auto dispatching to flash) stay visible: each
+# implementation has its own marker, width and dash.
+LINE_STYLES = [dict(marker="o", ms=5, lw=2.2, ls="-"), dict(marker="s", ms=3.5, lw=1.4, ls="--"),
+               dict(marker="^", ms=3.5, lw=1.2, ls=":"), dict(marker="D", ms=3, lw=1.2, ls="-."),
+               dict(marker="v", ms=3.5, lw=1.0, ls="-")]
+
+
+def impl_colors(labels):
+    """One colour per implementation label, the same in every panel (tab10, then tab20's light half)."""
+    cyc = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
+    return {lab: cyc[i % len(cyc)] for i, lab in enumerate(sorted(labels))}
+
+
 # ---------------------------------------------------------------- plotting
 
 def fig_to_img(fig, alt):
@@ -359,15 +401,15 @@ def set_log_axis(ax, which, values, kind):
         axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
     else:
         set_scale("log")
-        subs = (1.0, 2.0, 5.0) if span < 1.5 else (1.0,)
+        subs = tuple(range(1, 10)) if span < 0.6 else (1.0, 2.0, 5.0) if span < 1.5 else (1.0,)
         axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
         fmt = fmt_seconds if kind == "seconds" else (lambda v: f"{v:.0e}" if span >= 1.5 else f"{v:.2g}")
         axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt(v)))
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
-def set_x_axis(ax, series, x_label):
-    xs = sorted({c.x for lst in series.values() for c in lst if c.x is not None})
+def set_x_axis(ax, xs, x_label):
+    xs = sorted({x for x in xs if x is not None})
     if xs and xs[0] > 0:
         ax.set_xscale("log", base=2)
         if len(xs) <= 8:
@@ -388,77 +430,246 @@ def place_legend(fig, ax, n):
     fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 0.15 * math.ceil(n / 2))
 
 
-def line_plot(series, colors, x_label, value_fn, title, ylabel, kind, errbars=None):
-    """Generic per-series line plot; returns (img_html or None, n_plotted_points)."""
-    fig, ax = plt.subplots(figsize=(6.2, 4.2))
-    allv, n = [], 0
-    for label, lst in series.items():
-        pts = [(c.x, value_fn(c), c) for c in lst if c.ok and c.x is not None]
-        pts = [(x, v, c) for x, v, c in pts if plottable(v)]
-        if not pts:
-            continue
-        xs, vs = [p[0] for p in pts], [p[1] for p in pts]
-        allv += vs
-        n += len(pts)
-        if errbars:
-            lo = [v - min(errbars(c)) for _, v, c in pts]
-            hi = [max(errbars(c)) - v for _, v, c in pts]
-            allv += [min(errbars(c)) for *_, c in pts] + [max(errbars(c)) for *_, c in pts]
-            ax.errorbar(xs, vs, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=label, color=colors[label])
-        else:
-            ax.plot(xs, vs, marker="o", ms=4, label=label, color=colors[label])
-    if n == 0:
-        plt.close(fig)
-        return None, 0
-    set_x_axis(ax, series, x_label)
-    set_log_axis(ax, "y", allv, kind)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="major", alpha=0.3)
-    place_legend(fig, ax, len(ax.get_legend_handles_labels()[0]))
-    fig.tight_layout()
-    return fig_to_img(fig, title), n
-
-
-def tradeoff_plot(series, colors, x_param):
-    """Memory-vs-time scatter at the largest x with >= 2 usable points, with Pareto front."""
+def tradeoff_plot(facets, colors, x_param):
+    """Memory-vs-time scatter at the largest x with >= 2 usable points, with the Pareto front; colour =
+    implementation, marker = panel (the varying parameters)."""
     by_x, impls_at = {}, {}
-    for label, lst in series.items():
-        for c in lst:
-            if c.ok and c.x is not None and c.median_time and _isnum(c.counters.get("peak_bytes")):
-                by_x.setdefault(c.x, []).append((c.median_time, c.counters["peak_bytes"], label))
-                impls_at.setdefault(c.x, set()).add(c.impl)
+    for facet, series in facets.items():
+        for label, lst in series.items():
+            for c in lst:
+                if c.ok and c.x is not None and c.median_time and _isnum(c.counters.get("peak_bytes")):
+                    by_x.setdefault(c.x, []).append((c.median_time, c.counters["peak_bytes"], label, facet))
+                    impls_at.setdefault(c.x, set()).add(c.impl)
     usable = [x for x, pts in by_x.items() if len(pts) >= 2]
     if not usable:
         return None, "No value of the sweep has two or more ok cases with both time and peak memory; no trade-off plot."
     # The largest size at which the most implementations ran ok (an oom leaves a size with fewer).
     x = max(usable, key=lambda v: (len(impls_at[v]), v))
     pts = by_x[x]
-    front = pareto_front(pts)
-    fig, ax = plt.subplots(figsize=(6.2, 4.2))
-    for t, m, label in pts:
-        on = (t, m, label) in front
-        ax.scatter([t], [m], s=70 if on else 40, color=colors[label], label=label,
+    front = pareto_front([(t, m, f"{lab} | {facet}") for t, m, lab, facet in pts])
+    on_front = {p[2] for p in front}
+    facet_names = sorted({p[3] for p in pts})
+    markers = dict(zip(facet_names, "os^Dv<>pP*hX" * 4))
+    fig, ax = plt.subplots(figsize=(7.4, 4.4))
+    for t, m, label, facet in pts:
+        on = f"{label} | {facet}" in on_front
+        ax.scatter([t], [m], s=70 if on else 36, color=colors[label], marker=markers[facet],
                    edgecolors="black" if on else "none", linewidths=1.2, zorder=3)
-        ax.annotate(label, (t, m), textcoords="offset points", xytext=(6, 5), fontsize=8)
     if len(front) > 1:
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="#444",
-                linestyle="--", linewidth=1.2, label="Pareto front", zorder=2)
-    else:
-        ax.plot([], [], color="#444", linestyle="--", label="Pareto front (single point)")
+                linestyle="--", linewidth=1.0, zorder=2)
     set_log_axis(ax, "x", [p[0] for p in pts], "seconds")
     set_log_axis(ax, "y", [p[1] for p in pts], "bytes")
-    ax.margins(0.25)
+    ax.margins(0.15)
     ax.set_xlabel("median time per iteration (log)")
     ax.set_ylabel("peak memory (log2)")
-    ax.set_title(f"memory vs time trade-off at {x_param}={x:g}")
+    ax.set_title(f"memory vs time at {x_param}={x:g}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    place_legend(fig, ax, len(pts) + 1)
+    from matplotlib.lines import Line2D
+    impls = sorted({p[2] for p in pts})
+    h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in impls]
+    leg = ax.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if len(facet_names) > 1:
+        ax.add_artist(leg)
+        h2 = [Line2D([], [], color="#555", marker=markers[k], ls="", label=k) for k in facet_names]
+        ax.legend(handles=h2, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
     fig.tight_layout()
     names = ", ".join(p[2] for p in front)
-    cap = (f"Each series at {esc(x_param)}={x:g} (the largest value at which the most implementations ran ok). "
-           f"Outlined points are Pareto-optimal (no other point is both faster and smaller): {esc(names)}.")
+    cap = (f"Every case at {esc(x_param)}={x:g} (the largest value at which the most implementations ran ok); "
+           f"colour = implementation, marker = panel. Outlined points are Pareto-optimal (no other point is "
+           f"both faster and smaller): {esc(names)}.")
     return fig_to_img(fig, f"trade-off {x_param}={x:g}"), cap
+
+
+def facet_figure(facets, colors, x_label, value_fn, title, ylabel, kind, errbars=None, max_panels=12):
+    """Small multiples: one panel per facet (shared axes), one line per implementation, one legend.
+    Returns (img_html or None, caption note)."""
+    usable = {}
+    for facet, series in facets.items():
+        pts = {lab: [(c.x, value_fn(c), c) for c in lst if c.ok and c.x is not None and plottable(value_fn(c))]
+               for lab, lst in series.items()}
+        pts = {lab: p for lab, p in pts.items() if p}
+        if pts:
+            usable[facet] = pts
+    if not usable:
+        return None, ""
+    note = ""
+    if len(usable) > max_panels:
+        note = f"{len(usable) - max_panels} more panel(s) not drawn; see the table."
+        usable = dict(list(usable.items())[:max_panels])
+    n = len(usable)
+    ncols = min(3, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols, 2.7 * nrows + 1.0), squeeze=False,
+                             sharex=True, sharey=True)
+    styles = {lab: st for lab, st in zip(sorted(colors), LINE_STYLES * 4)}
+    allv, allx = [], []
+    for ax, (facet, series) in zip(axes.flat, usable.items()):
+        for lab, pts in series.items():
+            xs, vs = [p[0] for p in pts], [p[1] for p in pts]
+            allv += vs
+            allx += xs
+            if errbars:
+                lo = [v - min(errbars(c)) for _, v, c in pts]
+                hi = [max(errbars(c)) - v for _, v, c in pts]
+                allv += [min(errbars(c)) for *_, c in pts] + [max(errbars(c)) for *_, c in pts]
+                ax.errorbar(xs, vs, yerr=[lo, hi], capsize=2, label=lab, color=colors[lab], **styles[lab])
+            else:
+                ax.plot(xs, vs, label=lab, color=colors[lab], **styles[lab])
+        ax.set_title(facet, fontsize=8.5)
+        ax.grid(True, which="major", alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    first = axes.flat[0]
+    set_x_axis(first, allx, x_label)
+    set_log_axis(first, "y", allv, kind)
+    for ax in axes.flat:
+        ax.tick_params(labelsize=8)
+        ax.set_xlabel("")
+        ax.set_ylabel("")
+    fig.supxlabel(f"{x_label} (log)", fontsize=9)
+    fig.supylabel(ylabel, fontsize=9)
+    handles = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    labels = sorted(handles)
+    h = fig.get_figheight()
+    fig.suptitle(title, fontsize=11, y=1 - 0.05 / h, va="top")
+    fig.legend([handles[lab] for lab in labels], labels, loc="upper center", ncol=min(6, len(labels)),
+               fontsize=8, frameon=False, bbox_to_anchor=(0.5, 1 - 0.3 / h))
+    fig.tight_layout(rect=[0, 0, 1, 1 - 0.6 / h])
+    return fig_to_img(fig, title), note
+
+
+def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None):
+    """points: [(x, y, colour_key, marker_key)]; colour = one legend, marker = the other. yerr: [(lo, hi)]."""
+    ckeys = sorted({p[2] for p in points})
+    mkeys = sorted({p[3] for p in points})
+    colors = impl_colors(ckeys)
+    markers = dict(zip(mkeys, "os^Dv<>pP*hX"))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, (x, y, ck, mk) in enumerate(points):
+        kw = dict(color=colors[ck], marker=markers.get(mk, "o"), s=46, zorder=3, edgecolors="black", linewidths=0.4)
+        ax.scatter([x], [y], **kw)
+        if yerr:
+            ax.errorbar([x], [y], yerr=[[yerr[i][0]], [yerr[i][1]]], color=colors[ck], capsize=2, lw=1, zorder=2)
+    if ylog:
+        set_log_axis(ax, "y", [p[1] for p in points], "plain")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    from matplotlib.lines import Line2D
+    h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in ckeys]
+    h2 = [Line2D([], [], color="#555", marker=markers.get(k, "o"), ls="", label=k) for k in mkeys]
+    leg = ax.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.add_artist(leg)
+    ax.legend(handles=h2, fontsize=7.5, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
+    fig.tight_layout()
+    return fig_to_img(fig, title)
+
+
+def bars(groups, stack_keys, title, ylabel, kind="bytes"):
+    """Stacked bars: groups = [(label, {stack key: value})]."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = dict(zip(stack_keys, plt.get_cmap("tab10").colors))
+    bottom = np.zeros(len(groups))
+    for k in stack_keys:
+        vals = np.array([g[1].get(k, 0) or 0 for g in groups], dtype=float)
+        if vals.any():
+            ax.bar(range(len(groups)), vals, bottom=bottom, label=k, color=colors[k], width=0.6)
+        bottom += vals
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([g[0] for g in groups], rotation=30, ha="right", fontsize=8)
+    if kind == "bytes":
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
+    elif kind == "rate":
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_si(v, "B/s", 2)))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig_to_img(fig, title)
+
+
+def largest_cases(cases, key_params):
+    """The ok case of each (impl, key params) with the largest x: one point per variant."""
+    best = {}
+    for c in cases:
+        if not c.ok:
+            continue
+        k = (c.impl,) + tuple(str(c.params.get(p)) for p in key_params)
+        if k not in best or (c.x or 0) > (best[k].x or 0):
+            best[k] = c
+    return list(best.values())
+
+
+def quant_figures(cases):
+    """Bits per weight against the weights' and the outputs' error, and the kernels' bandwidth per format."""
+    figs = []
+    pts = [(c.counters["bits_per_weight"], c.counters["weight_rel_l2_err"], c.params.get("quantizer", c.impl),
+            c.params.get("format", "?"))
+           for c in largest_cases([c for c in cases if c.impl == "reference"], ("format", "quantizer"))
+           if _isnum(c.counters.get("bits_per_weight")) and plottable(c.counters.get("weight_rel_l2_err"))]
+    if pts:
+        figs.append(figure("Storage per weight (codes, scales, zero points) against the weights' relative L2 "
+                           "reconstruction error, at the largest shape; colour = quantizer, marker = format.",
+                           scatter_labelled(pts, "quant: bits per weight vs weight error", "bits per weight",
+                                            "weight relative L2 error (log)")))
+    pts = [(c.counters["bits_per_weight"], c.counters["heldout_output_mse"], c.params.get("quantizer", c.impl),
+            c.params.get("format", "?"))
+           for c in largest_cases([c for c in cases if c.impl == "reference"], ("format", "quantizer"))
+           if _isnum(c.counters.get("bits_per_weight")) and plottable(c.counters.get("heldout_output_mse"))]
+    if pts:
+        figs.append(figure("Output error on held-out inputs (not the calibration rows GPTQ/AWQ fit).",
+                           scatter_labelled(pts, "quant: bits per weight vs held-out output MSE", "bits per weight",
+                                            "held-out output MSE (log)")))
+    matvec = [c for c in cases if c.ok and str(c.params.get("m")) == "1" and _isnum(c.counters.get("gbytes_per_s"))
+              and c.params.get("quantizer", "rtn") == "rtn"]
+    if matvec:
+        biggest = max(c.x or 0 for c in matvec)
+        sel = sorted([c for c in matvec if (c.x or 0) == biggest], key=lambda c: (c.params.get("format", ""), c.impl))
+        groups = [(f"{c.params.get('format')} {c.impl}", {"weight bytes read per second": c.counters["gbytes_per_s"] * 1e9})
+                  for c in sel]
+        img = bars(groups, ["weight bytes read per second"], f"quant: matvec (m=1) bandwidth at n={biggest:g}",
+                   "bytes/s", kind="rate")
+        figs.append(figure("Weight bytes (codes, scales) read per second of the batch-1 matvec, RTN weights.", img))
+    return figs
+
+
+def quant_model_figures(cases):
+    pts, err = [], []
+    for c in cases:
+        v, b = c.counters.get("perplexity_rel_delta"), c.counters.get("bits_per_weight")
+        if c.ok and _isnum(v) and _isnum(b):
+            pts.append((b, 100 * v, c.impl, c.params.get("format", "?")))
+            se = c.counters.get("perplexity_rel_delta_se")
+            err.append((100 * se, 100 * se) if _isnum(se) else (0, 0))
+    if not pts:
+        return []
+    img = scatter_labelled(pts, "quant_model: bits per weight vs perplexity change", "bits per weight (projections)",
+                           "perplexity vs fp32 (%)", ylog=False, yerr=err)
+    return [figure("Validation perplexity relative to the fp32 model, +- one standard error over the evaluation "
+                   "batches; colour = quantizer, marker = format.", img)]
+
+
+TAG_ORDER = ["weights", "master", "grads", "optimizer", "activations", "workspace", "io", "kv", "other"]
+
+
+def precision_figures(cases):
+    ok = [c for c in cases if c.ok and any(k.startswith("peak_bytes_") for k in c.counters)]
+    if not ok:
+        return []
+    groups = [(c.impl if len(ok) == len({x.impl for x in ok}) else f"{c.impl} {c.case_id[:20]}",
+               {t: c.counters.get("peak_bytes_" + t, 0) for t in TAG_ORDER}) for c in ok]
+    img = bars(groups, TAG_ORDER, "precision: peak bytes per tag", "peak bytes held per tag")
+    return [figure("Each tag's own peak during one training step (tags peak at different moments, so the "
+                   "stack can exceed the step's peak_bytes).", img)]
+
+
+SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": precision_figures}
 
 
 # ---------------------------------------------------------------- sections
@@ -483,14 +694,12 @@ def context_table(idx, path, results, is_current):
     cap = f"{fmt_bytes(cap)} ({cap} B)" if _isnum(cap) else "not limited"
     ceil = mt.get("ceilings") or {}
     ceil_html = "<br>".join(f"{esc(k)}: <b>{esc(fmt_ceiling(k, v))}</b>" for k, v in ceil.items()) or "—"
-    suite_html = "<br>".join(f"<b>{esc(k)}</b> ({esc((v or {}).get('technique', ''))}) "
-                             f"<span class='muted'>{esc((v or {}).get('description', ''))}</span>"
-                             for k, v in suites.items()) or "—"
+    suite_html = ", ".join(f"<b>{esc(k)}</b> ({esc((v or {}).get('technique', ''))})" for k, v in suites.items()) or "—"
     rows = [("file", esc(path) + (" <b>(current)</b>" if is_current else "")),
             ("suite(s)", suite_html), ("profile", esc(mt.get("profile", "—"))),
             ("backend", esc(mt.get("backend", "—"))), ("commit", esc(commit)),
             ("date", esc(ctx.get("date", "—"))), ("host", esc(ctx.get("host_name", "—"))),
-            ("machine class", esc(mt.get("machine_class", "—"))),
+            ("machine class", esc(fmt_machine_class(mt.get("machine_class")))),
             ("compiler", esc(mt.get("compiler", "—"))), ("build type", esc(mt.get("build_type", "—"))),
             ("CXX flags", esc(mt.get("cxx_flags", "—"))), ("CPU", esc(cpu)), ("GPU", esc(gpu)),
             ("repetitions", esc(mt.get("repetitions", "—"))), ("memory capacity", esc(cap)),
@@ -499,6 +708,33 @@ def context_table(idx, path, results, is_current):
             'its numbers are not measurements.</p>' if mt.get("synthetic") else "")
     return (f"<div><h3>#{idx + 1}: {esc(os.path.basename(path))}</h3>{warn}"
             + table(["field", "value"], [[esc(k), v] for k, v in rows]) + "</div>")
+
+
+def fmt_machine_class(mc):
+    if isinstance(mc, dict):
+        return "; ".join(f"{k}: {v}" for k, v in mc.items()) or "—"
+    return "—" if mc is None else str(mc)
+
+
+def glance_table(current, cur_path, baseline, base_path):
+    """Where the current run and the baseline come from, side by side."""
+    def fields(res):
+        ctx = res["context"]
+        mt = ctx.get("memtrade", {}) or {}
+        commit = (mt.get("git_commit") or "—")[:12] + (" (dirty)" if mt.get("git_dirty") else "")
+        gpu = mt.get("gpu_name") or "none"
+        return [commit, str(ctx.get("date", "—")), fmt_machine_class(mt.get("machine_class")),
+                f"{mt.get('cpu_model') or '—'}, {mt.get('cpu_cores') or ctx.get('num_cpus') or '?'} cores", gpu,
+                f"{mt.get('profile', '—')} / {mt.get('backend', '—')}", f"{mt.get('build_type', '—')}, "
+                f"{mt.get('compiler', '—')}", ", ".join((mt.get("suites") or {}).keys()) or "—"]
+    names = ["commit", "date", "machine class", "CPU", "GPU", "profile / backend", "build", "suites"]
+    cur = fields(current)
+    if baseline is None:
+        return table(["", "current: " + os.path.basename(cur_path)], [[esc(n), esc(v)] for n, v in zip(names, cur)])
+    base = fields(baseline)
+    rows = [[esc(n), esc(c), (esc(b), "differs") if b != c else esc(b)] for n, c, b in zip(names, cur, base)]
+    return table(["", "current: " + esc(os.path.basename(cur_path)), "baseline: " + esc(os.path.basename(base_path))],
+                 rows)
 
 
 def short_name(name):
@@ -564,6 +800,7 @@ def throughput_cell(c):
     else:
         return "—"
     fracs = [f"{fmt_num(v * 100)}% of {k[len('frac_of_'):].replace('_ceiling', '')} ceiling"
+             + (" (above the ceiling: it was probed under load)" if v > 1.05 else "")
              for k, v in c.counters.items() if k.startswith("frac_of_") and _isnum(v)]
     return esc(s) + "".join(f"<br><span class='muted nowrap'>{esc(f)}</span>" for f in fracs)
 
@@ -577,14 +814,32 @@ def err_cell(c, key):
     return (esc(s), "num")
 
 
-def cases_table(series):
+def varying_params(cases):
+    keys = {k for c in cases for k in c.params}
+    return [k for k in sorted(keys) if len({json.dumps(c.params.get(k), sort_keys=True) for c in cases}) > 1]
+
+
+def case_label(c, varying):
+    """The parameters that vary within the technique (short); the full case id on hover."""
+    short = " ".join(f"{k}={c.params[k]}" for k in varying if k in c.params)
+    if not short:  # one case: its first parameters
+        short = short_name(c.case_id)
+        short = short if len(short) <= 40 else short[:40] + "…"
+    return f'<span title="{esc(c.case_id)}">{esc(short)}</span>'
+
+
+def cases_table(series, varying):
     rows = []
     for label, lst in series.items():
         for c in lst:
             st = esc(c.status) + (f": {esc(c.detail)}" if c.detail else "")
             t = c.median_time
             t_html = esc(fmt_seconds(t)) + (f" <span class='muted'>(n={len(c.times)})</span>" if t else "")
-            rows.append([esc(c.case_id), esc(c.impl), esc(c.role), esc(c.backend), (st, f"st-{esc(c.status)}"),
+            noise = c.timing_noise
+            if noise:
+                t_html = f'<span class="noisy" title="{esc(noise)}">{t_html} noisy</span>'
+
+            rows.append([case_label(c, varying), esc(c.impl), esc(c.role), esc(c.backend), (st, f"st-{esc(c.status)}"),
                          (esc(fmt_bytes(c.counters.get("peak_bytes"))), "num"),
                          (esc(fmt_bytes(c.counters.get("peak_extra_bytes"))), "num"),
                          (esc(fmt_bytes(c.counters.get("untracked_bytes"))), "num"),
@@ -607,7 +862,7 @@ DOMAIN_COUNTERS = [
 ]
 
 
-def figures_table(series):
+def figures_table(series, varying):
     cases = [c for lst in series.values() for c in lst if c.ok]
     keys = [k for k in DOMAIN_COUNTERS if any(_isnum(c.counters.get(k[0])) for c in cases)]
     if not keys:
@@ -619,7 +874,8 @@ def figures_table(series):
             return ("—", "num")
         return (esc(fmt_bytes(v) if spec == "bytes" else format(v, spec)), "num")
 
-    rows = [[esc(c.case_id), esc(c.impl), esc(c.backend)] + [cell(c, k, spec) for k, _, spec in keys] for c in cases]
+    rows = [[case_label(c, varying), esc(c.impl), esc(c.backend)] + [cell(c, k, spec) for k, _, spec in keys]
+            for c in cases]
     return table(["case", "impl", "backend"] + [label for _, label, _ in keys], rows)
 
 
@@ -653,26 +909,27 @@ def technique_section(tech, path, results, cases):
     x_param, x_label = x_info(results, tech, cases)
     series = build_series(cases, x_param)
     colors = series_colors(list(series))
+    facets = facet_cases(cases, x_param)
+    icolors = impl_colors({lab for f in facets.values() for lab in f})
     nonok = [c for c in cases if not c.ok]
-    figs = []
-    img, _ = line_plot(series, colors, x_label, lambda c: c.counters.get("peak_bytes"),
-                       f"{tech}: peak memory", "peak memory (bytes, log2)", "bytes")
-    figs.append(figure("Peak bytes held during one iteration (io + workspace).", img) if img else "")
-    img, _ = line_plot(series, colors, x_label, lambda c: c.median_time, f"{tech}: median time",
-                       "median time per iteration (log)", "seconds", errbars=lambda c: c.times)
-    figs.append(figure("Median real time over repetitions; bars span min..max.", img) if img else "")
-    img, n = line_plot(series, colors, x_label, lambda c: c.counters.get("rel_l2_err"),
-                       f"{tech}: numeric error", "relative L2 error (log)", "plain")
-    skipped = []
-    for lab, lst in series.items():
-        bad = [c for c in lst if c.ok and not plottable(c.counters.get("rel_l2_err"))]
-        if bad:
-            skipped.append(f"{lab} ({len(bad)} point{'s' if len(bad) > 1 else ''})")
-    note = ("Not plotted (error 0, absent or NaN; log scale): " + esc(", ".join(skipped)) + ".") if skipped else ""
-    figs.append(figure("rel_l2_err vs the reference. " + note, img) if img else
-                f"<p class='note'>No non-zero finite rel_l2_err values to plot. {note}</p>")
-    img, cap = tradeoff_plot(series, colors, x_param)
-    figs.append(figure(cap, img) if img else f"<p class='note'>{esc(cap)}</p>")
+    figs, wide = [], []
+    n_x = len({c.x for c in cases if c.x is not None})
+    if n_x >= 2 and len(facets) <= 12:
+        # Sweeps: memory, time and error against x, one panel per combination of the other parameters.
+        for fn, title, ylabel, kind, cap, eb in (
+                (lambda c: c.counters.get("peak_bytes"), f"{tech}: peak memory", "peak memory (log2)", "bytes",
+                 "Peak bytes held during one iteration (io + workspace), from the tracked allocator.", None),
+                (lambda c: c.median_time, f"{tech}: median time", "median time per iteration (log)", "seconds",
+                 "Median real time over repetitions; bars span min..max.", lambda c: c.times),
+                (lambda c: c.counters.get("rel_l2_err"), f"{tech}: numeric error", "relative L2 error vs the "
+                 "float64 reference (log)", "plain", "rel_l2_err against the float64 oracle (0 and NaN are not "
+                 "drawn on a log axis; see the table).", None)):
+            img, note = facet_figure(facets, icolors, x_label, fn, title, ylabel, kind, errbars=eb)
+            if img:
+                wide.append(figure(esc(cap + (" " + note if note else "")), img))
+        img, cap = tradeoff_plot(facets, icolors, x_param)
+        figs.append(figure(cap, img) if img else f"<p class='note'>{esc(cap)}</p>")
+    figs += SPECIAL_FIGURES.get(tech, lambda _: [])(cases)
     img = curves_plot(series, colors, tech, "curve_loss_step_", "training loss", "training loss (nats per byte)", False)
     if img:
         figs.append(figure("Training loss of the step's batch, sampled at 40 points of the run.", img))
@@ -690,11 +947,20 @@ def technique_section(tech, path, results, cases):
                    "plots and listed in the table.</p>")
     if not any(c.ok for c in cases):
         out.append("<p class='warn'>No ok cases for this technique; nothing to plot.</p>")
+    out.append('<div class="plots wide">' + "\n".join(wide) + "</div>" if wide else "")
     out.append('<div class="plots">' + "\n".join(f for f in figs if f) + "</div>")
-    out.append(f"<h3>All cases: {esc(tech)}</h3>" + cases_table(series))
-    extra = figures_table(series)
+    varying = varying_params(cases)
+    noisy = [c for c in cases if c.ok and c.timing_noise]
+    if noisy:
+        out.append(f"<p class='warn'>{len(noisy)} of {sum(c.ok for c in cases)} timings are noisy (repetitions "
+                   f"spread over {100 * NOISY_CV:.0f}% or a repetition was pre-empted); they are marked in the "
+                   "table. Compare times only across runs (memtrade ab).</p>")
+    out.append(f"<details><summary>All {len(cases)} cases of {esc(tech)}: status, memory, time, throughput, "
+               f"error</summary>" + cases_table(series, varying) + "</details>")
+    extra = figures_table(series, varying)
     if extra:
-        out.append(f"<h3>Figures of {esc(tech)}</h3>" + extra)
+        out.append(f"<details{' open' if len(cases) <= 12 else ''}><summary>{esc(tech)}'s own figures per case"
+                   "</summary>" + extra + "</details>")
     out.append("</section>")
     return "\n".join(out)
 
@@ -722,14 +988,19 @@ def claims_section(all_results, paths):
     rows = []
     for key, files in merged.items():
         cid, stmt, src, meas, exp, verdict, note, form = key
-        row = [esc(cid), esc(stmt), esc(src), esc(form or exp), esc(meas),
-               (esc(verdict.replace("_", " ")), f"v-{esc(verdict)}"), esc(note)]
+        how = (f"<details><summary class='muted'>how it is decided</summary><p>{esc(form or exp)}</p>"
+               + (f"<p class='muted'>{esc(note)}</p>" if note else "") + "</details>")
+        row = [esc(cid), esc(stmt) + how, esc(src), esc(meas), (esc(verdict.replace("_", " ")), f"v-{esc(verdict)}")]
         rows.append(row + ([esc(", ".join(files))] if multi else []))
     out.insert(1, "<p class='muted'>Each claim is decided on its measurable form: reproduced when the measured "
                   "interval lies inside the band, not reproduced when it lies outside, inconclusive when it "
                   "straddles an edge (noise, or a model too small to show the effect); out of scope is what "
                   "memtrade does not measure, error a check that failed.</p>")
-    out.append(table(["claim", "statement", "source", "measurable form", "measured", "verdict", "note"]
+    counts = {}
+    for key in merged:
+        counts[key[5]] = counts.get(key[5], 0) + 1
+    out.insert(1, "<p><b>" + esc(", ".join(f"{n} {v.replace('_', ' ')}" for v, n in sorted(counts.items()))) + "</b></p>")
+    out.append(table(["claim", "statement", "source", "measured", "verdict"]
                      + (["results file"] if multi else []), rows) + "</section>")
     return "\n".join(out)
 
@@ -798,21 +1069,22 @@ def trends_section(tech_files, all_results, all_cases, max_series=8):
 
 # ---------------------------------------------------------------- main
 
-def build_report(paths, all_results, compare=None, compare_path=None):
+def build_report(paths, all_results, compare=None, compare_path=None, baseline=None, baseline_path=None):
     all_cases = [collect_cases(r) for r in all_results]
     tech_files = {}  # technique -> indices of files containing it (given order)
     for i, cases in enumerate(all_cases):
         for t in dict.fromkeys(c.technique for c in cases):
             tech_files.setdefault(t, []).append(i)
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-    nav = ['<a href="#claims">Claims</a>', '<a href="#context">Run context</a>']
+    nav = ['<a href="#summary">Summary</a>', '<a href="#claims">Claims</a>', '<a href="#context">Run context</a>']
     nav += [f'<a href="#tech-{esc(t)}">{esc(t)}</a>' for t in tech_files]
     nav += ['<a href="#trends">Trends</a>'] if len(paths) > 1 else []
     if compare is not None:
-        nav.insert(0, '<a href="#regressions">Regressions</a>')
+        nav.insert(1, '<a href="#regressions">Regressions</a>')
     body = [f"<h1>memtrade report</h1><p class='muted'>Generated {esc(now)} from {len(paths)} results "
             f"file(s). Per-technique plots use the last file containing the technique.</p>",
-            "<nav>" + "".join(nav) + "</nav>"]
+            "<nav>" + "".join(nav) + "</nav>",
+            '<section id="summary">' + glance_table(all_results[-1], paths[-1], baseline, baseline_path) + "</section>"]
     if compare is not None:
         body.append(compare_section(compare, compare_path))
     # Claims belong to the top screen: what changed, then which claims hold.
@@ -828,16 +1100,14 @@ def build_report(paths, all_results, compare=None, compare_path=None):
                                       [c for c in all_cases[i] if c.technique == tech]))
     if len(paths) > 1:
         body.append(trends_section(tech_files, all_results, all_cases))
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>memtrade report</title><style>{CSS}</style>"
-            f"<script>{LOAD_CHECK_JS}</script></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return render_page("memtrade report", "\n".join(body))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Render memtrade results JSON as a self-contained HTML report.")
     ap.add_argument("results", nargs="+", help="results JSON file(s); the last is 'current'")
     ap.add_argument("--compare", help="JSON from `memtrade compare --json`")
+    ap.add_argument("--baseline-results", help="the baseline's results file (its run context is shown beside the current one)")
     ap.add_argument("-o", "--output", required=True, help="output HTML path")
     args = ap.parse_args(argv)
     try:
@@ -845,7 +1115,8 @@ def main(argv=None):
         compare = load_json(args.compare, "compare") if args.compare else None
         if compare is not None and not isinstance(compare.get("rows", []), list):
             raise ReportError(f"compare file '{args.compare}' has a \"rows\" field that is not a list")
-        page = build_report(args.results, all_results, compare, args.compare)
+        baseline = load_results(args.baseline_results) if args.baseline_results else None
+        page = build_report(args.results, all_results, compare, args.compare, baseline, args.baseline_results)
         try:
             with open(args.output, "w", encoding="utf-8") as f:
                 f.write(page)
