@@ -9,7 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <condition_variable>
+#include <mutex>
 #include <regex>
+#include <thread>
 
 #include "harness/heap_probe.hpp"
 #include "harness/lockstep.hpp"
@@ -139,27 +142,19 @@ void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilin
 
 // A record's name for the console: parameter values longer than 16 characters (corpus checksums)
 // shortened to their first 8, and the backend when it is not the CPU.
-std::string short_label(const Record& r) {
-  std::string out, value;
-  std::string key;
-  bool in_value = false;
-  auto flush = [&] {
-    out += value.size() > 16 ? value.substr(0, 8) + "..." : value;
-    value.clear();
-  };
-  for (char ch : r.name) {
-    if (in_value && (ch == ',' || ch == '/')) {
-      flush();
-      in_value = false;
-    }
-    if (in_value) {
-      value += ch;
-      continue;
-    }
-    out += ch;
-    if (ch == '=') in_value = true;
+// The console's name for a record: suite, the parameters that vary among the suite's cases (values
+// longer than 16 characters, such as checksums, cut to 8), implementation and a non-CPU backend.
+std::string short_label(const Record& r, const std::vector<Case>& suite_cases) {
+  std::string params;
+  for (const auto& [key, value] : r.kase.params.items()) {
+    bool varies = false;
+    for (const Case& other : suite_cases) varies = varies || !other.params.contains(key) || other.params.at(key) != value;
+    if (!varies) continue;
+    std::string v = value.is_string() ? value.get<std::string>() : value.dump();
+    if (v.size() > 16) v = v.substr(0, 8) + "...";
+    params += (params.empty() ? "" : ",") + key + "=" + v;
   }
-  flush();
+  std::string out = r.suite + "/" + (params.empty() ? "" : params + "/") + r.impl;
   return r.backend == Backend::cpu ? out : out + " (" + std::string(backend_name(r.backend)) + ")";
 }
 
@@ -200,6 +195,42 @@ Record blank_record(const Impl& impl, const Case& c) {
 }
 
 }  // namespace
+
+// On the console, a step that takes longer than a few seconds says when it started and when it ended,
+// so that a run training a model for minutes is not silent. Prints nothing for short steps.
+class SlowNote {
+ public:
+  SlowNote(bool on, std::string what) : what_(std::move(what)) {
+    if (!on) return;
+    watcher_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::seconds(3), [this] { return done_; })) return;
+      std::printf("%s... ", what_.c_str());
+      std::fflush(stdout);
+      printed_ = true;
+    });
+  }
+  ~SlowNote() {
+    if (!watcher_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    watcher_.join();
+    if (printed_) std::printf("done in %s  ", format_duration(seconds_since(start_)).c_str());
+  }
+  SlowNote(const SlowNote&) = delete;
+  SlowNote& operator=(const SlowNote&) = delete;
+
+ private:
+  std::string what_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false, printed_ = false;
+  std::thread watcher_;
+};
 
 Record measure(const Technique&, const Impl& impl, const Case& c, const Problem& problem, Device& dev,
                int repetitions, double min_time_s, const Ceilings& ceilings) {
@@ -505,7 +536,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
         const auto record_start = std::chrono::steady_clock::now();
         ++done;
         if (opts.verbose) {
-          std::printf("[%d/%d] %s  ", done, planned, short_label(rec).c_str());
+          std::printf("[%d/%d] %s  ", done, planned, short_label(rec, cases.at(s.name)).c_str());
           std::fflush(stdout);
         }
         Device* dev = impl.backend == Backend::cpu ? cpu.get() : cuda.get();
@@ -516,6 +547,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
         if (rec.status == "ok" && !problem_tried) {
           problem_tried = true;
           try {
+            SlowNote note(opts.verbose, "preparing the case (training, calibration, oracle)");
             problem = tech.prepare(c);
           } catch (const std::exception& e) {
             problem_error = e.what();
