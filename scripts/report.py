@@ -691,10 +691,23 @@ def context_table(idx, path, results, is_current):
     gpu = (f"{gpu}, driver {mt.get('gpu_driver') or '?'}, CUDA {mt.get('cuda_runtime') or '?'}"
            if gpu else "none")
     cap = mt.get("capacity_bytes")
-    cap = f"{fmt_bytes(cap)} ({cap} B)" if _isnum(cap) else "not limited"
+    cap = (f"{fmt_bytes(cap)} ({cap} B)" if _isnum(cap) else
+           "per suite (see suites)" if any(_isnum((v or {}).get("capacity_bytes")) for v in suites.values())
+           else "not limited")
     ceil = mt.get("ceilings") or {}
     ceil_html = "<br>".join(f"{esc(k)}: <b>{esc(fmt_ceiling(k, v))}</b>" for k, v in ceil.items()) or "—"
-    suite_html = ", ".join(f"<b>{esc(k)}</b> ({esc((v or {}).get('technique', ''))})" for k, v in suites.items()) or "—"
+    reps = {}
+    for e in results["benchmarks"]:
+        if isinstance(e, dict) and _isnum(e.get("repetitions")) and e.get("repetitions"):
+            reps.setdefault(e.get("suite", "?"), set()).add(int(e["repetitions"]))
+
+    def suite_line(k, v):
+        v = v or {}
+        bits = [f"{'/'.join(str(r) for r in sorted(reps[k]))} repetitions"] if k in reps else []
+        if _isnum(v.get("capacity_bytes")):
+            bits.append(f"capacity {fmt_bytes(v['capacity_bytes'])}")
+        return f"<b>{esc(k)}</b>" + (f" <span class='muted'>({esc(', '.join(bits))})</span>" if bits else "")
+    suite_html = "<br>".join(suite_line(k, v) for k, v in suites.items()) or "—"
     rows = [("file", esc(path) + (" <b>(current)</b>" if is_current else "")),
             ("suite(s)", suite_html), ("profile", esc(mt.get("profile", "—"))),
             ("backend", esc(mt.get("backend", "—"))), ("commit", esc(commit)),
@@ -702,7 +715,7 @@ def context_table(idx, path, results, is_current):
             ("machine class", esc(fmt_machine_class(mt.get("machine_class")))),
             ("compiler", esc(mt.get("compiler", "—"))), ("build type", esc(mt.get("build_type", "—"))),
             ("CXX flags", esc(mt.get("cxx_flags", "—"))), ("CPU", esc(cpu)), ("GPU", esc(gpu)),
-            ("repetitions", esc(mt.get("repetitions", "—"))), ("memory capacity", esc(cap)),
+            ("memory capacity", esc(cap)),
             ("ceilings", ceil_html), ("entries", esc(len(results["benchmarks"])))]
     warn = ('<p class="synthetic">SYNTHETIC DATA: this results file was generated for testing; '
             'its numbers are not measurements.</p>' if mt.get("synthetic") else "")
