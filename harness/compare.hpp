@@ -55,7 +55,7 @@ struct CompareOptions {
   // Per-case minimum effects: the first pattern (ECMAScript regex, searched in the case name) that
   // matches sets it.
   std::vector<std::pair<std::string, double>> min_effect_for;
-  double max_cv = 0.25;         // a run whose repetitions spread wider is unstable
+  double max_cv = 0.25;         // a run whose repetitions spread wider is unstable (by the median only)
   double min_cpu_share = 0.5;   // a CPU repetition with CPU/wall below this share of the run's best was pre-empted
   bool allow_missing = false;
   // Run i of the baseline and run i of the current side form a pair (ab's lockstep rounds): time is

@@ -137,27 +137,36 @@ TEST(Compare, TimeIsNotComparedAcrossMachineClasses) {
 }
 
 TEST(Compare, SpreadOrPreemptedRunsAreUnstableNotRegressions) {
-  // A run whose repetitions spread wider than max_cv is left out.
+  CompareOptions med;
+  med.time_stat = CompareOptions::RunStat::median;
+  // By the median, a run whose repetitions spread wider than max_cv is left out; by the minimum (the
+  // default) the slow repetition does not matter.
   Summary s = sample().cases[0];
-  EXPECT_TRUE(summarize_run(s, {}).stable);
+  EXPECT_TRUE(summarize_run(s, med).stable);
   s.times_s[0] *= 4;
-  const RunTime spread = summarize_run(s, {});
+  const RunTime spread = summarize_run(s, med);
   EXPECT_FALSE(spread.stable);
   EXPECT_NE(spread.why.find("spread"), std::string::npos);
-  // A CPU repetition whose process got half the CPU of the best one was pre-empted.
+  EXPECT_TRUE(summarize_run(s, {}).stable);
+  // A CPU repetition whose process got half the CPU of the best one was pre-empted: by the median the run
+  // is unstable; by the minimum only when that repetition is the fastest (every repetition was).
   s = sample().cases[0];
   s.cpu_times_s = s.times_s;
-  EXPECT_TRUE(summarize_run(s, {}).stable);
+  EXPECT_TRUE(summarize_run(s, med).stable);
   s.cpu_times_s[2] = 0.3 * s.times_s[2];
-  const RunTime pre = summarize_run(s, {});
+  const RunTime pre = summarize_run(s, med);
   EXPECT_FALSE(pre.stable);
   EXPECT_NE(pre.why.find("pre-empted"), std::string::npos);
+  EXPECT_TRUE(summarize_run(s, {}).stable);
+  const auto fastest = std::min_element(s.times_s.begin(), s.times_s.end()) - s.times_s.begin();
+  s.cpu_times_s[fastest] = 0.3 * s.times_s[fastest];
+  EXPECT_FALSE(summarize_run(s, {}).stable);
 
   // Two of five candidate runs unstable: the three left cannot reach p < 0.01 -> unstable, not a
   // regression, and named for a retry.
   auto cur = runs(5, 2.0, 2);
   for (int i : {0, 1}) cur[i].cases[0].times_s[0] *= 10;
-  const auto r = compare_runs(runs(5, 1.0), cur, {});
+  const auto r = compare_runs(runs(5, 1.0), cur, med);
   EXPECT_EQ(regressions_named(r, "gemm/n=64,dtype=fp32/openblas", "time"), 0);
   EXPECT_EQ(row_of(r, "gemm/n=64,dtype=fp32/openblas", "time")->verdict, "unstable");
   ASSERT_EQ(r.unstable.size(), 1u);
@@ -415,6 +424,7 @@ TEST(Compare, PairedRoundsCancelTheMachinesDriftBetweenRounds) {
   EXPECT_EQ(compare_runs(base, base, paired).regressions, 0);
   // A round with an unstable half drops the whole pair: 6 pairs cannot reach p < 0.01.
   cur[3].cases[0].times_s[0] *= 10;
+  paired.time_stat = CompareOptions::RunStat::median;  // (by the minimum one slow repetition is no instability)
   const auto r6 = compare_runs(base, cur, paired);
   EXPECT_EQ(regressions_named(r6, name, "time"), 0);
   EXPECT_EQ(row_of(r6, name, "time")->verdict, "unstable");
