@@ -1,5 +1,7 @@
 #include "harness/results.hpp"
 
+#include "common/simd/targets.hpp"
+
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -92,6 +94,7 @@ Json build_context(const RunInfo& info) {
   m["cuda_architectures"] = build::cuda_architectures;
   m["build_type"] = build::build_type;
   m["cpu_model"] = cpu_model();
+  m["simd_target"] = simd::target_name();  // the runtime-dispatched kernels' instruction set ($MEMTRADE_SIMD)
   m["cpu_cores"] = std::thread::hardware_concurrency();
   auto cs = cuda_status();
   m["gpu_name"] = cs.available ? Json(cs.gpu_name) : Json(nullptr);

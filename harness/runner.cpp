@@ -14,6 +14,7 @@
 #include <regex>
 #include <thread>
 
+#include "common/simd/targets.hpp"
 #include "harness/heap_probe.hpp"
 #include "harness/lockstep.hpp"
 
@@ -388,6 +389,7 @@ std::string s_join(const std::vector<std::string>& v) {
 }  // namespace
 
 RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
+  simd::apply_env();  // $MEMTRADE_SIMD: measure a narrower instruction set than this CPU's best
   const auto dir = opts.suites_dir.empty() ? default_suites_dir() : opts.suites_dir;
   std::vector<SuiteSpec> suites;
   const auto all = load_all_suites(dir);

@@ -4,7 +4,7 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-pkgs=(cmake ninja-build g++ git libgtest-dev libbenchmark-dev nlohmann-json3-dev libopenblas-dev libopenblas-openmp-dev chromium fortunes)
+pkgs=(cmake ninja-build g++ git libgtest-dev libbenchmark-dev nlohmann-json3-dev libhwy-dev libopenblas-dev libopenblas-openmp-dev chromium fortunes)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -14,6 +14,8 @@
 // plus 1e-30 for underflowing products.
 #include "impls/quant/matvec.hpp"
 
+#include "common/simd/targets.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -62,113 +64,145 @@ struct Shape {
 };
 const Shape shapes[] = {{1, 1}, {1, 7}, {5, 33}, {17, 100}, {64, 257}, {3, 4101}, {128, 128}, {2, 31}, {40, 1000}};
 
-}  // namespace
-
-TEST(QuantKernels, MatvecCpuMatchesReference) {
-  uint64_t seed = 1;
-  for (const char* name : kernel_specs) {
-    for (const Shape sh : shapes) {
-      const QLayout L = layout(parse_spec(name), sh.N, sh.K);
-      const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
-      const std::vector<float> x = normal_vec(sh.K, ++seed);
-      std::vector<uint8_t> blob(L.total_bytes());
-      quantize(L, W.data(), blob.data());
-      std::vector<float> Wd(W.size());
-      dequantize(L, blob.data(), Wd.data());
-      std::vector<float> yr(sh.N), yo(sh.N, NAN);
-      matvec_reference(L, blob.data(), x.data(), yr.data());
-      matvec_cpu(L, blob.data(), x.data(), yo.data());
-      const std::vector<double> S = abs_sums(Wd, x.data(), 1, sh.N, sh.K);
-      for (int64_t r = 0; r < sh.N; ++r) {
-        // The reference is the float64 dot product of dequantize()'s weights, rounded once.
-        double d = 0;
-        for (int64_t k = 0; k < sh.K; ++k) d += static_cast<double>(Wd[r * sh.K + k]) * x[k];
-        ASSERT_EQ(yr[r], static_cast<float>(d)) << name << " " << sh.N << "x" << sh.K << " row " << r;
-        ASSERT_LE(std::fabs(static_cast<double>(yo[r]) - yr[r]), bound(sh.K, S[r]))
-            << name << " " << sh.N << "x" << sh.K << " row " << r << ": " << yo[r] << " vs " << yr[r];
-      }
-    }
+// Runs fn once per SIMD target this binary holds and this CPU runs (AVX-512, AVX2, SSE4, scalar, ...), with
+// dispatch restricted to it: every path is tested on every machine, not only the best one.
+template <class Fn>
+void for_each_target(Fn fn) {
+  for (int64_t t : simd::available_targets()) {
+    simd::restrict_to(t);
+    SCOPED_TRACE("SIMD target " + simd::name_of(t));
+    fn(t);
   }
+  simd::restrict_to(0);
 }
 
-TEST(QuantKernels, MatmulCpuMatchesReference) {
-  uint64_t seed = 100;
-  const Shape mm_shapes[] = {{1, 1}, {5, 33}, {17, 100}, {64, 257}, {2, 31}, {300, 4101}};  // 300 x 4101: two panels
-  for (const char* name : kernel_specs) {
-    for (const Shape sh : mm_shapes) {
-      for (int64_t M : {int64_t{1}, int64_t{37}}) {
-        if (sh.N * sh.K > 100000 && std::string(name) != "int4-asym-g33" && std::string(name) != "nf4-dq") continue;
+}  // namespace
+
+TEST(QuantKernels, EveryTargetIsReachable) {
+  const auto all = simd::available_targets();
+  ASSERT_FALSE(all.empty());
+  for_each_target([&](int64_t t) {
+    EXPECT_EQ(simd::target_name(), simd::name_of(t));
+    // Below the best target the hand-written AVX-512 kernel stands aside: the portable path runs.
+    const QLayout L = layout(parse_spec("int4-g128"), 4, 256);
+    if (t != all.front()) EXPECT_EQ(matvec_cpu_path(L), "hwy-" + simd::name_of(t));
+  });
+  EXPECT_EQ(simd::target_name(), simd::name_of(all.front()));
+}
+
+TEST(QuantKernels, MatvecCpuMatchesReference) {
+  for_each_target([](int64_t) {
+    uint64_t seed = 1;
+    for (const char* name : kernel_specs) {
+      for (const Shape sh : shapes) {
         const QLayout L = layout(parse_spec(name), sh.N, sh.K);
         const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
-        const std::vector<float> X = normal_vec(M * sh.K, ++seed);
+        const std::vector<float> x = normal_vec(sh.K, ++seed);
         std::vector<uint8_t> blob(L.total_bytes());
         quantize(L, W.data(), blob.data());
         std::vector<float> Wd(W.size());
         dequantize(L, blob.data(), Wd.data());
-        std::vector<float> Yr(M * sh.N), Yo(M * sh.N, NAN);
-        std::vector<float> ws(matmul_workspace_bytes(L, M) / sizeof(float));
-        if (sh.N == 300) {
-          EXPECT_LT(static_cast<int64_t>(ws.size()), sh.N * sh.K) << "panels smaller than W";
-        }
-        matmul_reference(L, blob.data(), X.data(), M, Yr.data());
-        matmul_cpu(L, blob.data(), X.data(), M, Yo.data(), ws.data());
-        const std::vector<double> S = abs_sums(Wd, X.data(), M, sh.N, sh.K);
-        for (int64_t i = 0; i < M * sh.N; ++i) {
-          ASSERT_LE(std::fabs(static_cast<double>(Yo[i]) - Yr[i]), bound(sh.K, S[i]))
-              << name << " " << sh.N << "x" << sh.K << " M=" << M << " i " << i << ": " << Yo[i] << " vs " << Yr[i];
-        }
-        if (M == 1) {  // M = 1 matmul equals the matvec reference exactly
-          std::vector<float> yr(sh.N);
-          matvec_reference(L, blob.data(), X.data(), yr.data());
-          for (int64_t r = 0; r < sh.N; ++r) ASSERT_EQ(yr[r], Yr[r]);
+        std::vector<float> yr(sh.N), yo(sh.N, NAN);
+        matvec_reference(L, blob.data(), x.data(), yr.data());
+        matvec_cpu(L, blob.data(), x.data(), yo.data());
+        const std::vector<double> S = abs_sums(Wd, x.data(), 1, sh.N, sh.K);
+        for (int64_t r = 0; r < sh.N; ++r) {
+          // The reference is the float64 dot product of dequantize()'s weights, rounded once.
+          double d = 0;
+          for (int64_t k = 0; k < sh.K; ++k) d += static_cast<double>(Wd[r * sh.K + k]) * x[k];
+          ASSERT_EQ(yr[r], static_cast<float>(d)) << name << " " << sh.N << "x" << sh.K << " row " << r;
+          ASSERT_LE(std::fabs(static_cast<double>(yo[r]) - yr[r]), bound(sh.K, S[r]))
+              << name << " " << sh.N << "x" << sh.K << " row " << r << ": " << yo[r] << " vs " << yr[r];
         }
       }
     }
-  }
+  });
+}
+
+TEST(QuantKernels, MatmulCpuMatchesReference) {
+  for_each_target([](int64_t) {
+    uint64_t seed = 100;
+    const Shape mm_shapes[] = {{1, 1}, {5, 33}, {17, 100}, {64, 257}, {2, 31}, {300, 4101}};  // 300 x 4101: two panels
+    for (const char* name : kernel_specs) {
+      for (const Shape sh : mm_shapes) {
+        for (int64_t M : {int64_t{1}, int64_t{37}}) {
+          if (sh.N * sh.K > 100000 && std::string(name) != "int4-asym-g33" && std::string(name) != "nf4-dq") continue;
+          const QLayout L = layout(parse_spec(name), sh.N, sh.K);
+          const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
+          const std::vector<float> X = normal_vec(M * sh.K, ++seed);
+          std::vector<uint8_t> blob(L.total_bytes());
+          quantize(L, W.data(), blob.data());
+          std::vector<float> Wd(W.size());
+          dequantize(L, blob.data(), Wd.data());
+          std::vector<float> Yr(M * sh.N), Yo(M * sh.N, NAN);
+          std::vector<float> ws(matmul_workspace_bytes(L, M) / sizeof(float));
+          if (sh.N == 300) {
+            EXPECT_LT(static_cast<int64_t>(ws.size()), sh.N * sh.K) << "panels smaller than W";
+          }
+          matmul_reference(L, blob.data(), X.data(), M, Yr.data());
+          matmul_cpu(L, blob.data(), X.data(), M, Yo.data(), ws.data());
+          const std::vector<double> S = abs_sums(Wd, X.data(), M, sh.N, sh.K);
+          for (int64_t i = 0; i < M * sh.N; ++i) {
+            ASSERT_LE(std::fabs(static_cast<double>(Yo[i]) - Yr[i]), bound(sh.K, S[i]))
+                << name << " " << sh.N << "x" << sh.K << " M=" << M << " i " << i << ": " << Yo[i] << " vs " << Yr[i];
+          }
+          if (M == 1) {  // M = 1 matmul equals the matvec reference exactly
+            std::vector<float> yr(sh.N);
+            matvec_reference(L, blob.data(), X.data(), yr.data());
+            for (int64_t r = 0; r < sh.N; ++r) ASSERT_EQ(yr[r], Yr[r]);
+          }
+        }
+      }
+    }
+  });
 }
 
 TEST(QuantKernels, PanelDequantizationIsBitExact) {
-  // matmul_cpu with X = identity rows picks single weights: Y[m, r] = w[r, m] exactly (one nonzero term).
-  for (const char* name : kernel_specs) {
-    const int64_t N = 20, K = 45;
-    const QLayout L = layout(parse_spec(name), N, K);
-    const std::vector<float> W = normal_vec(N * K, 777, 0.1);
-    std::vector<uint8_t> blob(L.total_bytes());
-    quantize(L, W.data(), blob.data());
-    std::vector<float> Wd(W.size());
-    dequantize(L, blob.data(), Wd.data());
-    std::vector<float> X(K * K, 0.f), Y(K * N);
-    for (int64_t k = 0; k < K; ++k) X[k * K + k] = 1.f;
-    std::vector<float> ws(matmul_workspace_bytes(L, K) / sizeof(float));
-    matmul_cpu(L, blob.data(), X.data(), K, Y.data(), ws.data());
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < N; ++r) {
-        ASSERT_EQ(Y[k * N + r], Wd[r * K + k]) << name << " r" << r << " k" << k;
-      }
-  }
+  for_each_target([](int64_t) {
+    // matmul_cpu with X = identity rows picks single weights: Y[m, r] = w[r, m] exactly (one nonzero term).
+    for (const char* name : kernel_specs) {
+      const int64_t N = 20, K = 45;
+      const QLayout L = layout(parse_spec(name), N, K);
+      const std::vector<float> W = normal_vec(N * K, 777, 0.1);
+      std::vector<uint8_t> blob(L.total_bytes());
+      quantize(L, W.data(), blob.data());
+      std::vector<float> Wd(W.size());
+      dequantize(L, blob.data(), Wd.data());
+      std::vector<float> X(K * K, 0.f), Y(K * N);
+      for (int64_t k = 0; k < K; ++k) X[k * K + k] = 1.f;
+      std::vector<float> ws(matmul_workspace_bytes(L, K) / sizeof(float));
+      matmul_cpu(L, blob.data(), X.data(), K, Y.data(), ws.data());
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < N; ++r) {
+          ASSERT_EQ(Y[k * N + r], Wd[r * K + k]) << name << " r" << r << " k" << k;
+        }
+    }
+  });
 }
 
 TEST(QuantKernels, DenseBaselines) {
-  for (const Shape sh : shapes) {
-    const std::vector<float> W = normal_vec(sh.N * sh.K, 55);
-    const std::vector<float> x = normal_vec(sh.K, 56);
-    std::vector<bf16_t> Wb(W.size());
-    for (std::size_t i = 0; i < W.size(); ++i) Wb[i] = to_bf16(W[i]);
-    std::vector<float> y(sh.N), yb(sh.N);
-    matvec_dense_f32(W.data(), x.data(), y.data(), sh.N, sh.K);
-    matvec_dense_bf16(Wb.data(), x.data(), yb.data(), sh.N, sh.K);
-    for (int64_t r = 0; r < sh.N; ++r) {
-      double d = 0, db = 0, S = 0, Sb = 0;
-      for (int64_t k = 0; k < sh.K; ++k) {
-        d += static_cast<double>(W[r * sh.K + k]) * x[k];
-        S += std::fabs(static_cast<double>(W[r * sh.K + k]) * x[k]);
-        db += static_cast<double>(to_float(Wb[r * sh.K + k])) * x[k];
-        Sb += std::fabs(static_cast<double>(to_float(Wb[r * sh.K + k])) * x[k]);
+  for_each_target([](int64_t) {
+    for (const Shape sh : shapes) {
+      const std::vector<float> W = normal_vec(sh.N * sh.K, 55);
+      const std::vector<float> x = normal_vec(sh.K, 56);
+      std::vector<bf16_t> Wb(W.size());
+      for (std::size_t i = 0; i < W.size(); ++i) Wb[i] = to_bf16(W[i]);
+      std::vector<float> y(sh.N), yb(sh.N);
+      matvec_dense_f32(W.data(), x.data(), y.data(), sh.N, sh.K);
+      matvec_dense_bf16(Wb.data(), x.data(), yb.data(), sh.N, sh.K);
+      for (int64_t r = 0; r < sh.N; ++r) {
+        double d = 0, db = 0, S = 0, Sb = 0;
+        for (int64_t k = 0; k < sh.K; ++k) {
+          d += static_cast<double>(W[r * sh.K + k]) * x[k];
+          S += std::fabs(static_cast<double>(W[r * sh.K + k]) * x[k]);
+          db += static_cast<double>(to_float(Wb[r * sh.K + k])) * x[k];
+          Sb += std::fabs(static_cast<double>(to_float(Wb[r * sh.K + k])) * x[k]);
+        }
+        EXPECT_LE(std::fabs(y[r] - d), bound(sh.K, S)) << sh.N << "x" << sh.K;
+        EXPECT_LE(std::fabs(yb[r] - db), bound(sh.K, Sb)) << sh.N << "x" << sh.K;
       }
-      EXPECT_LE(std::fabs(y[r] - d), bound(sh.K, S)) << sh.N << "x" << sh.K;
-      EXPECT_LE(std::fabs(yb[r] - db), bound(sh.K, Sb)) << sh.N << "x" << sh.K;
     }
-  }
+  });
 }
 
 TEST(QuantKernels, BadArguments) {

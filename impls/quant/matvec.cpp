@@ -1,5 +1,9 @@
-// Host quantized matvec / matmul: reference, optimized (AVX-512 + OpenMP), dense baselines.
+// Host quantized matvec / matmul: reference, optimized (portable SIMD kernels from simd/, and a
+// hand-written AVX-512 path for 4-bit formats in 128-column blocks), dense baselines.
 #include "impls/quant/matvec.hpp"
+
+#include "common/simd/targets.hpp"
+#include "impls/quant/simd/matvec_simd.hpp"
 
 #include <cblas.h>
 
@@ -157,59 +161,6 @@ inline void group_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x
   for (int64_t j = k; j < k1; ++j) tail += unscaled<F>(row, j, p.zero) * x[j];
 #endif
   acc_s += p.scale * tail;
-}
-
-// Row r of deq(W) into out[K] (scale * u, as dequantize()).
-template <Format F>
-inline void dequant_row(const QLayout& L, const uint8_t* blob, int64_t r, float* out, [[maybe_unused]] Table tab) {
-  const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
-  const int64_t K = L.cols, G = L.group;
-  for (int64_t g = 0; g < L.groups_per_row; ++g) {
-    const GroupParams p = stored_params(L, blob, r, g);
-    const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
-    int64_t k = k0;
-    if (four_bit(F) && (k & 1) && k < k1) {
-      out[k] = p.scale * unscaled<F>(row, k, p.zero);
-      ++k;
-    }
-#if defined(MT_QUANT_AVX512)
-    const __m512 z = _mm512_set1_ps(p.zero), s = _mm512_set1_ps(p.scale);
-    for (; k + 16 <= k1; k += 16) {
-      const __m512 u = dec16<F>(row, k, z, tab);
-      // fp8 / nf4: decode(q) * scale, int: scale * (q - z); both products are commutative roundings
-      _mm512_storeu_ps(out + k, _mm512_mul_ps(s, u));
-    }
-#endif
-    for (; k < k1; ++k) out[k] = p.scale * unscaled<F>(row, k, p.zero);
-  }
-}
-
-template <Format F>
-void matvec_rows(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
-  const int64_t N = L.rows, K = L.cols, G = L.group;
-  const Table tab = make_table();
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
-#endif
-  for (int64_t r = 0; r < N; ++r) {
-    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
-    float acc_s = 0.f;
-#if defined(MT_QUANT_AVX512)
-    __m512 acc_v = _mm512_setzero_ps();
-    void* av = &acc_v;
-#else
-    void* av = nullptr;
-#endif
-    for (int64_t g = 0; g < L.groups_per_row; ++g) {
-      const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
-      group_dot<F>(row, k0, k1, x, stored_params(L, blob, r, g), tab, av, acc_s);
-    }
-#if defined(MT_QUANT_AVX512)
-    y[r] = _mm512_reduce_add_ps(acc_v) + acc_s;
-#else
-    y[r] = acc_s;
-#endif
-  }
 }
 
 #if defined(MT_QUANT_AVX512)
@@ -465,10 +416,19 @@ void dispatch(Format f, Fn&& fn) {
 
 }  // namespace
 
+std::string matvec_cpu_path(const QLayout& L) {
+#if defined(MT_QUANT_AVX512)
+  if (!memtrade::simd::restricted_below_best() && blocked_ok(L.spec.format, L.group, L.cols)) return "avx512-blocked";
+#else
+  (void)L;
+#endif
+  return "hwy-" + memtrade::simd::target_name();
+}
+
 void matvec_cpu(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
   check_blob(L, blob, "matvec_cpu");
 #if defined(MT_QUANT_AVX512)
-  if (blocked_ok(L.spec.format, L.group, L.cols)) {
+  if (!memtrade::simd::restricted_below_best() && blocked_ok(L.spec.format, L.group, L.cols)) {
     dispatch(L.spec.format, [&]<Format F>() {
       if constexpr (F == Format::int4_asym) {
         if (L.group < 128)
@@ -482,7 +442,7 @@ void matvec_cpu(const QLayout& L, const uint8_t* blob, const float* x, float* y)
     return;
   }
 #endif
-  dispatch(L.spec.format, [&]<Format F>() { matvec_rows<F>(L, blob, x, y); });
+  quant::simd::matvec(L, blob, x, y);
 }
 
 int64_t matmul_panel_rows(const QLayout& L) {
@@ -502,13 +462,7 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
   const int64_t N = L.rows, K = L.cols, P = matmul_panel_rows(L);
   for (int64_t r0 = 0; r0 < N; r0 += P) {
     const int64_t nr = std::min(P, N - r0);
-    const Table tab = make_table();
-    dispatch(L.spec.format, [&]<Format F>() {
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
-#endif
-      for (int64_t i = 0; i < nr; ++i) dequant_row<F>(L, blob, r0 + i, workspace + i * K, tab);
-    });
+    quant::simd::dequant_rows(L, blob, r0, nr, workspace);
     // Y[:, r0 : r0 + nr] = X [M x K] * panel^T [K x nr]
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(nr),
                 static_cast<blasint>(K), 1.f, X, static_cast<blasint>(K), workspace, static_cast<blasint>(K), 0.f,
@@ -520,53 +474,12 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
 
 void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K) {
   if (N <= 0 || K <= 0) throw Error("matvec_dense_f32: sizes must be > 0");
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
-#endif
-  for (int64_t r = 0; r < N; ++r) {
-    const float* w = W + r * K;
-    int64_t k = 0;
-#if defined(MT_QUANT_AVX512)
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (; k + 32 <= K; k += 32) {
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    }
-    float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-#else
-    float acc = 0.f;
-#endif
-    for (; k < K; ++k) acc += w[k] * x[k];
-    y[r] = acc;
-  }
+  quant::simd::matvec_dense_f32(W, x, y, N, K);
 }
 
 void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) {
   if (N <= 0 || K <= 0) throw Error("matvec_dense_bf16: sizes must be > 0");
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
-#endif
-  for (int64_t r = 0; r < N; ++r) {
-    const bf16_t* w = W + r * K;
-    int64_t k = 0;
-#if defined(MT_QUANT_AVX512)
-    // bf16 -> fp32 is exact: the 16 bits moved to the top of the word
-    auto load16 = [&](int64_t j) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    };
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (; k + 32 <= K; k += 32) {
-      a0 = _mm512_fmadd_ps(load16(k), _mm512_loadu_ps(x + k), a0);
-      a1 = _mm512_fmadd_ps(load16(k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    }
-    float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-#else
-    float acc = 0.f;
-#endif
-    for (; k < K; ++k) acc += to_float(w[k]) * x[k];
-    y[r] = acc;
-  }
+  quant::simd::matvec_dense_bf16(W, x, y, N, K);
 }
 
 }  // namespace memtrade::quant

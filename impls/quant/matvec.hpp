@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/dtype.hpp"
 #include "impls/quant/formats.hpp"
@@ -27,6 +28,9 @@ void matmul_reference(const QLayout& L, const uint8_t* blob, const float* X, int
 // Optimized host matvec: every packed byte read once, decoded in registers, fp32 accumulation (the
 // group's scale applied once to the group's partial sum), OpenMP over rows. No allocation.
 void matvec_cpu(const QLayout& L, const uint8_t* blob, const float* x, float* y);
+// Which path matvec_cpu takes for this layout now: "avx512-blocked" (the hand-written 4-bit kernel, where
+// compiled in and dispatch is not restricted below AVX-512) or "hwy-<target>" (simd/matvec_simd.hpp).
+std::string matvec_cpu_path(const QLayout& L);
 
 // Rows of W dequantized per panel by matmul_cpu.
 int64_t matmul_panel_rows(const QLayout& L);

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/simd/targets.hpp"
 #include "datasets/random.hpp"
 #include "harness/claims.hpp"
 #include "harness/registry.hpp"
@@ -174,6 +175,13 @@ class QuantWorkload final : public Workload {
     w.bytes = static_cast<double>(w_.bytes()) + 4.0 * (q.m * q.k + q.m * q.n);
     w.cold_cache = true;  // decode is memory-bound: weights must come from DRAM, as in a model's forward
     return w;
+  }
+
+  // Which kernel ran on the CPU (the SIMD target dispatch chose, or the hand-written AVX-512 4-bit path).
+  std::string detail() override {
+    if (dev_.backend() != Backend::cpu || !optimized_) return {};
+    if (p_.q.dense || p_.q.m > 1) return "simd " + memtrade::simd::target_name();
+    return "kernel " + matvec_cpu_path(p_.L);
   }
 
   void add_counters(std::map<std::string, double>& c) override {

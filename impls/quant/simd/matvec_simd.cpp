@@ -1,0 +1,259 @@
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "impls/quant/simd/matvec_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+
+#include "impls/quant/simd/matvec_simd.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::quant::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+
+// Lanes(DF) codes from p as int32 (8-bit formats: one byte each; 4-bit formats: the byte that holds
+// elements 2j and 2j + 1).
+HWY_INLINE VI load_bytes_i32(const uint8_t* p) {
+  const hn::Rebind<uint8_t, DF> du8;
+  return hn::BitCast(DI(), hn::PromoteTo(DU(), hn::LoadU(du8, p)));
+}
+
+// nf4's 16 code values looked up by q (0..15), for any vector length: one table lookup per N entries.
+HWY_INLINE VF nf4_lookup(VI q, const float* table) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  if (N >= 16) return hn::TableLookupLanes(hn::LoadU(df, table), hn::IndicesFromVec(df, q));
+  VF r = hn::Zero(df);
+  for (int64_t c = 0; c < 16; c += N) {
+    const VI local = hn::Sub(q, hn::Set(di, static_cast<int32_t>(c)));
+    const auto in_chunk = hn::Lt(hn::BitCast(DU(), local), hn::Set(DU(), static_cast<uint32_t>(N)));
+    const VI idx = hn::And(local, hn::Set(di, static_cast<int32_t>(N - 1)));
+    const VF t = hn::TableLookupLanes(hn::LoadU(df, table + c), hn::IndicesFromVec(df, idx));
+    r = hn::IfThenElse(hn::RebindMask(df, in_chunk), t, r);
+  }
+  return r;
+}
+
+// Unscaled values u (dequantized weight = scale * u) of 8-bit codes: int8 q, fp8 decode(q).
+template <Format F>
+HWY_INLINE VF decode8(const uint8_t* p) {
+  const DF df;
+  const DI di;
+  if constexpr (F == Format::int8) {
+    const hn::Rebind<int8_t, DF> di8;
+    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
+  } else {
+    // The scalar decode's bit placement: magnitude bits under a float exponent, times 2^(127 - bias), then
+    // the sign (the blob never holds NaN / Inf codes).
+    constexpr int shift = F == Format::fp8_e4m3 ? 20 : 21;
+    const VI c = load_bytes_i32(p);
+    const VI mag = hn::ShiftLeft<shift>(hn::And(c, hn::Set(di, 0x7F)));
+    const VI sign = hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)));
+    const VF v = hn::Mul(hn::BitCast(df, mag), hn::Set(df, F == Format::fp8_e4m3 ? 0x1p120f : 0x1p112f));
+    return hn::Or(v, hn::BitCast(df, sign));
+  }
+}
+
+// 4-bit codes: u of the even elements (low nibbles) and the odd ones (high nibbles) of 2 N elements.
+template <Format F>
+HWY_INLINE void decode4(const uint8_t* p, VF zero, const float* table, VF& even, VF& odd) {
+  const DF df;
+  const DI di;
+  const VI b = load_bytes_i32(p);
+  const VI lo = hn::And(b, hn::Set(di, 0x0F)), hi = hn::ShiftRight<4>(b);
+  if constexpr (F == Format::nf4) {
+    even = nf4_lookup(lo, table);
+    odd = nf4_lookup(hi, table);
+  } else {
+    even = hn::Sub(hn::ConvertTo(df, lo), zero);
+    odd = hn::Sub(hn::ConvertTo(df, hi), zero);
+  }
+}
+
+template <Format F>
+HWY_INLINE float unscaled(const uint8_t* row, int64_t k, float zero) {
+  return decode_value(F, four_bit(F) ? nibble(row, k) : row[k], 1.f, zero);
+}
+
+template <Format F>
+void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
+  const DF df;
+  const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float table[16];
+  for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t r = 0; r < N; ++r) {
+    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+    VF acc = hn::Zero(df);
+    float acc_s = 0.f;
+    for (int64_t g = 0; g < L.groups_per_row; ++g) {
+      const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
+      const GroupParams p = stored_params(L, blob, r, g);
+      float tail = 0.f;
+      int64_t k = k0;
+      VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+      if constexpr (four_bit(F)) {
+        if ((k & 1) && k < k1) {  // odd start (odd group size): one element to reach a byte
+          tail += unscaled<F>(row, k, p.zero) * x[k];
+          ++k;
+        }
+        const VF z = hn::Set(df, p.zero);
+        for (; k + 2 * V <= k1; k += 2 * V) {
+          VF ue, uo, xe, xo;
+          decode4<F>(row + k / 2, z, table, ue, uo);
+          hn::LoadInterleaved2(df, x + k, xe, xo);
+          a0 = hn::MulAdd(ue, xe, a0);
+          a1 = hn::MulAdd(uo, xo, a1);
+        }
+      } else {
+        for (; k + 2 * V <= k1; k += 2 * V) {
+          a0 = hn::MulAdd(decode8<F>(row + k), hn::LoadU(df, x + k), a0);
+          a1 = hn::MulAdd(decode8<F>(row + k + V), hn::LoadU(df, x + k + V), a1);
+        }
+      }
+      acc = hn::MulAdd(hn::Set(df, p.scale), hn::Add(a0, a1), acc);
+      for (; k < k1; ++k) tail += unscaled<F>(row, k, p.zero) * x[k];
+      acc_s += p.scale * tail;
+    }
+    y[r] = hn::GetLane(hn::SumOfLanes(df, acc)) + acc_s;
+  }
+}
+
+template <Format F>
+void DequantRowsT(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
+  const DF df;
+  const int64_t K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float table[16];
+  for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t r = r0 + i;
+    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+    float* o = out + i * K;
+    for (int64_t g = 0; g < L.groups_per_row; ++g) {
+      const GroupParams p = stored_params(L, blob, r, g);
+      const int64_t k1 = std::min(K, (g + 1) * G);
+      int64_t k = g * G;
+      const VF s = hn::Set(df, p.scale);
+      if constexpr (four_bit(F)) {
+        if ((k & 1) && k < k1) {
+          o[k] = p.scale * unscaled<F>(row, k, p.zero);
+          ++k;
+        }
+        for (; k + 2 * V <= k1; k += 2 * V) {
+          VF ue, uo;
+          decode4<F>(row + k / 2, hn::Set(df, p.zero), table, ue, uo);
+          // fp8 / nf4: decode(q) * scale, int: scale * (q - z); both products are commutative roundings
+          hn::StoreInterleaved2(hn::Mul(s, ue), hn::Mul(s, uo), df, o + k);
+        }
+      } else {
+        for (; k + V <= k1; k += V) hn::StoreU(hn::Mul(s, decode8<F>(row + k)), df, o + k);
+      }
+      for (; k < k1; ++k) o[k] = p.scale * unscaled<F>(row, k, p.zero);
+    }
+  }
+}
+
+template <class Fn>
+void by_format(Format f, Fn&& fn) {
+  switch (f) {
+    case Format::int8: fn.template operator()<Format::int8>(); return;
+    case Format::int4: fn.template operator()<Format::int4>(); return;
+    case Format::int4_asym: fn.template operator()<Format::int4_asym>(); return;
+    case Format::fp8_e4m3: fn.template operator()<Format::fp8_e4m3>(); return;
+    case Format::fp8_e5m2: fn.template operator()<Format::fp8_e5m2>(); return;
+    case Format::nf4: fn.template operator()<Format::nf4>(); return;
+  }
+}
+
+void MatvecRows(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
+  by_format(L.spec.format, [&]<Format F>() { MatvecRowsT<F>(L, blob, x, y); });
+}
+
+void DequantRows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
+  by_format(L.spec.format, [&]<Format F>() { DequantRowsT<F>(L, blob, r0, nr, out); });
+}
+
+// Dense rows: W row as fp32 (LoadW) times x, four accumulators.
+template <class LoadW, class Scalar>
+void dense_rows(const float* x, float* y, int64_t N, int64_t K, LoadW load_w, Scalar scalar) {
+  const DF df;
+  const int64_t V = static_cast<int64_t>(hn::Lanes(df));
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t r = 0; r < N; ++r) {
+    VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    int64_t k = 0;
+    for (; k + 4 * V <= K; k += 4 * V) {
+      a0 = hn::MulAdd(load_w(r, k), hn::LoadU(df, x + k), a0);
+      a1 = hn::MulAdd(load_w(r, k + V), hn::LoadU(df, x + k + V), a1);
+      a2 = hn::MulAdd(load_w(r, k + 2 * V), hn::LoadU(df, x + k + 2 * V), a2);
+      a3 = hn::MulAdd(load_w(r, k + 3 * V), hn::LoadU(df, x + k + 3 * V), a3);
+    }
+    for (; k + V <= K; k += V) a0 = hn::MulAdd(load_w(r, k), hn::LoadU(df, x + k), a0);
+    float acc = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+    for (; k < K; ++k) acc += scalar(r, k) * x[k];
+    y[r] = acc;
+  }
+}
+
+void DenseF32(const float* W, const float* x, float* y, int64_t N, int64_t K) {
+  const DF df;
+  dense_rows(x, y, N, K, [&](int64_t r, int64_t k) { return hn::LoadU(df, W + r * K + k); },
+             [&](int64_t r, int64_t k) { return W[r * K + k]; });
+}
+
+void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) {
+  const DF df;
+  const hn::Rebind<uint16_t, DF> du16;
+  // bf16 -> fp32 is exact: the 16 bits moved to the top of the word
+  dense_rows(
+      x, y, N, K,
+      [&](int64_t r, int64_t k) {
+        const auto h = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(W + r * K + k));
+        return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
+      },
+      [&](int64_t r, int64_t k) { return to_float(W[r * K + k]); });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::quant::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace memtrade::quant::simd {
+
+HWY_EXPORT(MatvecRows);
+HWY_EXPORT(DequantRows);
+HWY_EXPORT(DenseF32);
+HWY_EXPORT(DenseBF16);
+
+void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatvecRows)(L, blob, x, y);
+}
+void dequant_rows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
+  HWY_DYNAMIC_DISPATCH(DequantRows)(L, blob, r0, nr, out);
+}
+void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K) {
+  HWY_DYNAMIC_DISPATCH(DenseF32)(W, x, y, N, K);
+}
+void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) {
+  HWY_DYNAMIC_DISPATCH(DenseBF16)(W, x, y, N, K);
+}
+
+}  // namespace memtrade::quant::simd
+#endif

@@ -1,0 +1,22 @@
+// The quantized and dense matvec kernels in portable SIMD (Google Highway), dispatched at run time to the
+// best target this CPU supports (AVX-512, AVX2+FMA, SSE4, ... or scalar; common/simd/targets.hpp restricts
+// it). Semantics as matvec.hpp's matvec_cpu and dense baselines: codes decoded in registers, every packed
+// byte read once, fp32 accumulation with the group's scale applied to the group's partial sum, OpenMP
+// over rows, no allocation. matvec_cpu uses these except where a hand-written AVX-512 path is compiled in
+// and dispatch is not restricted below AVX-512.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.hpp"
+#include "impls/quant/formats.hpp"
+
+namespace memtrade::quant::simd {
+
+void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y);
+// Rows [r0, r0 + nr) of deq(W) into out[nr x K], bit for bit dequantize()'s values.
+void dequant_rows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out);
+void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K);
+void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K);
+
+}  // namespace memtrade::quant::simd
