@@ -6,6 +6,10 @@
 
 #include <algorithm>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include "impls/quant/simd/matvec_simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -84,8 +88,71 @@ HWY_INLINE float unscaled(const uint8_t* row, int64_t k, float zero) {
   return decode_value(F, four_bit(F) ? nibble(row, k) : row[k], 1.f, zero);
 }
 
+// 4-bit formats whose groups are whole chunks of 2 V columns: x is copied once per tile of columns (per
+// thread, on the stack) with each chunk's even elements first and its odd ones after, so that the low and
+// the high nibbles of V code bytes meet their x values with plain loads.
+constexpr int64_t kTile = 4096;
+
+template <Format F>
+void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
+  const DF df;
+  const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t Kt = K / G * G;  // columns in whole groups; the last partial group goes element by element
+  HWY_ALIGN float table[16];
+  for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+  {
+#if defined(_OPENMP)
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+    const int64_t nt = 1, t = 0;
+#endif
+    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
+    HWY_ALIGN float xp[kTile];
+    for (int64_t r = r0; r < r1; ++r) y[r] = 0.f;
+    for (int64_t c0 = 0; c0 < Kt && r0 < r1; c0 += kTile) {
+      const int64_t c1 = std::min(Kt, c0 + kTile);
+      for (int64_t c = c0; c < c1; c += 2 * V)
+        for (int64_t j = 0; j < V; ++j) {
+          xp[c - c0 + j] = x[c + 2 * j];
+          xp[c - c0 + V + j] = x[c + 2 * j + 1];
+        }
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+        VF acc = hn::Zero(df);
+        for (int64_t g = c0 / G; g < c1 / G; ++g) {
+          const GroupParams p = stored_params(L, blob, r, g);
+          const VF z = hn::Set(df, p.zero);
+          VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+          for (int64_t k = g * G; k < (g + 1) * G; k += 2 * V) {
+            VF ue, uo;
+            decode4<F>(row + k / 2, z, table, ue, uo);
+            a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
+            a1 = hn::MulAdd(uo, hn::Load(df, xp + (k - c0) + V), a1);
+          }
+          acc = hn::MulAdd(hn::Set(df, p.scale), hn::Add(a0, a1), acc);
+        }
+        y[r] += hn::GetLane(hn::SumOfLanes(df, acc));
+      }
+    }
+    for (int64_t r = r0; r < r1 && Kt < K; ++r) {  // the last, partial group
+      const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+      const GroupParams p = stored_params(L, blob, r, Kt / G);
+      float tail = 0.f;
+      for (int64_t k = Kt; k < K; ++k) tail += unscaled<F>(row, k, p.zero) * x[k];
+      y[r] += p.scale * tail;
+    }
+  }
+}
+
 template <Format F>
 void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
+  if constexpr (four_bit(F)) {
+    const int64_t V = static_cast<int64_t>(hn::Lanes(DF()));
+    if (L.group % (2 * V) == 0 && kTile % L.group == 0 && L.cols >= L.group) return MatvecRowsPermuted<F>(L, blob, x, y);
+  }
   const DF df;
   const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
   HWY_ALIGN float table[16];
