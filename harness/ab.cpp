@@ -24,25 +24,6 @@ void check_env(const std::vector<std::string>& env) {
 
 }  // namespace
 
-int run_program(const std::vector<std::string>& args) {
-  if (args.empty()) throw Error("run_program: no program");
-  std::vector<char*> argv;
-  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("cannot start " + args[0]);
-  if (pid == 0) {
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "memtrade: cannot run %s\n", args[0].c_str());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw Error("waiting for " + args[0] + " failed");
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 std::string exact_names_pattern(const std::vector<std::string>& names) {
   std::string p = "^(";
   for (std::size_t i = 0; i < names.size(); ++i) {

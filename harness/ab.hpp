@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "harness/compare.hpp"
+#include "harness/process.hpp"
 
 namespace memtrade {
 
@@ -39,10 +40,6 @@ struct AbResult {
 
 // Throws Error when a binary is missing or a run fails (a run that records failed cases still counts).
 AbResult run_ab(const AbOptions& o);
-
-// Runs a program with these arguments, without a shell (paths with quotes or spaces pass as they are),
-// and waits for it: its exit status, 128 + the signal, or 127 when it could not be started.
-int run_program(const std::vector<std::string>& args);
 
 // An ECMAScript pattern matching exactly these names.
 std::string exact_names_pattern(const std::vector<std::string>& names);

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/common.hpp"
+#include "harness/process.hpp"
 
 namespace memtrade {
 
@@ -88,26 +89,16 @@ LockstepTurn::~LockstepTurn() {
 }
 
 LockstepChild start_lockstep_child(const std::vector<std::string>& args, std::string label) {
-  if (args.empty()) throw Error("lockstep: no program");
   int down[2], up[2];  // down: coordinator -> run; up: run -> coordinator
   make_pipe(down);
   make_pipe(up);
   const std::string env = "MEMTRADE_LOCKSTEP=" + std::to_string(down[0]) + "," + std::to_string(up[1]);
-  std::vector<char*> argv;
-  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("lockstep: cannot start " + args[0]);
-  if (pid == 0) {
-    // The run keeps its two ends across exec; the coordinator's ends close (O_CLOEXEC).
+  // The run keeps its two ends across exec; the coordinator's ends close (O_CLOEXEC).
+  const pid_t pid = spawn(args, [&] {
     fcntl(down[0], F_SETFD, 0);
     fcntl(up[1], F_SETFD, 0);
     putenv(const_cast<char*>(env.c_str()));
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "memtrade: cannot run %s\n", args[0].c_str());
-    _exit(127);
-  }
+  });
   close(down[0]);
   close(up[1]);
   LockstepChild c;
@@ -131,10 +122,7 @@ void advance(LockstepChild& c) {
   c.current.clear();
   if (c.from_child >= 0) close(c.from_child), close(c.to_child);
   c.from_child = c.to_child = -1;
-  int status = 0;
-  while (waitpid(c.pid, &status, 0) < 0)
-    if (errno != EINTR) throw Error("lockstep: waiting for the " + c.label + " run failed");
-  c.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  c.exit_status = wait_for(c.pid, "the " + c.label + " run");
 }
 
 // Lets the child time its current record and waits until it has; it then waits for "next".
@@ -185,43 +173,6 @@ int drive_lockstep(LockstepChild& a, LockstepChild& b, const std::function<bool(
     release(*alone);
   }
   return pairs;
-}
-
-std::string capture_program(const std::vector<std::string>& args) {
-  if (args.empty()) throw Error("capture_program: no program");
-  int up[2];
-  make_pipe(up);
-  std::vector<char*> argv;
-  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("cannot start " + args[0]);
-  if (pid == 0) {
-    dup2(up[1], STDOUT_FILENO);
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "memtrade: cannot run %s\n", args[0].c_str());
-    _exit(127);
-  }
-  close(up[1]);
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = read(up[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  close(up[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw Error("waiting for " + args[0] + " failed");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string cmd;
-    for (const auto& x : args) cmd += (cmd.empty() ? "" : " ") + x;
-    throw Error("'" + cmd + "' failed");
-  }
-  return out;
 }
 
 }  // namespace memtrade

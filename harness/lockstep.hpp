@@ -48,7 +48,4 @@ LockstepChild start_lockstep_child(const std::vector<std::string>& args, std::st
 // exit_status of both. Returns the number of records timed as pairs.
 int drive_lockstep(LockstepChild& a, LockstepChild& b, const std::function<bool(int)>& a_first);
 
-// Runs a program without a shell and returns what it wrote to stdout; throws Error on a non-zero exit.
-std::string capture_program(const std::vector<std::string>& args);
-
 }  // namespace memtrade
