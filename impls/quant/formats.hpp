@@ -45,6 +45,10 @@
 #include <string>
 #include <string_view>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include "common/common.hpp"
 #include "common/dtype.hpp"
 
@@ -94,6 +98,34 @@ struct GroupParams {
   float scale = 0;
   float zero = 0;
 };
+
+// Calls fn.template operator()<F>() with f as a compile-time constant (kernels templated on the format).
+template <class Fn>
+void with_format(Format f, Fn&& fn) {
+  switch (f) {
+    case Format::int8: fn.template operator()<Format::int8>(); return;
+    case Format::int4: fn.template operator()<Format::int4>(); return;
+    case Format::int4_asym: fn.template operator()<Format::int4_asym>(); return;
+    case Format::fp8_e4m3: fn.template operator()<Format::fp8_e4m3>(); return;
+    case Format::fp8_e5m2: fn.template operator()<Format::fp8_e5m2>(); return;
+    case Format::nf4: fn.template operator()<Format::nf4>(); return;
+  }
+}
+
+// Each OpenMP thread's contiguous share [r0, r1) of rows [0, n): fn(r0, r1) once per thread, for kernels
+// that keep per-thread state (a permuted copy of x).
+template <class Fn>
+void rows_per_thread(int64_t n, Fn&& fn) {
+#if defined(_OPENMP)
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    fn(n * t / nt, n * (t + 1) / nt);
+  }
+#else
+  fn(int64_t{0}, n);
+#endif
+}
 
 // Default nf4 block size (bitsandbytes) and the double-quantization block.
 inline constexpr int64_t nf4_default_group = 64;

@@ -379,16 +379,7 @@ void matvec_rows_blocked(const QLayout& L, const uint8_t* blob, const float* x, 
   const int64_t N = L.rows, K = L.cols;
   const int64_t Kb = K / 128 * 128;  // columns in full blocks
   const Table tab = make_table();
-#if defined(_OPENMP)
-#pragma omp parallel
-#endif
-  {
-#if defined(_OPENMP)
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-#else
-    const int64_t nt = 1, t = 0;
-#endif
-    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
+  rows_per_thread(N, [&](int64_t r0, int64_t r1) {
     alignas(64) float xp[kTile];
     const BlockDecoder<F, UseTable> dec;
     for (int64_t c0 = 0; c0 < Kb && r0 < r1; c0 += kTile) {
@@ -398,21 +389,9 @@ void matvec_rows_blocked(const QLayout& L, const uint8_t* blob, const float* x, 
           for (int i = 0; i < 16; ++i) xp[b + 16 * j + i] = x[c0 + b + 8 * i + j];
       rows_tile<F, UseTable>(L, blob, x, y, xp, r0, r1, c0, c1, Kb, dec, tab);
     }
-  }
+  });
 }
 #endif
-
-template <class Fn>
-void dispatch(Format f, Fn&& fn) {
-  switch (f) {
-    case Format::int8: fn.template operator()<Format::int8>(); return;
-    case Format::int4: fn.template operator()<Format::int4>(); return;
-    case Format::int4_asym: fn.template operator()<Format::int4_asym>(); return;
-    case Format::fp8_e4m3: fn.template operator()<Format::fp8_e4m3>(); return;
-    case Format::fp8_e5m2: fn.template operator()<Format::fp8_e5m2>(); return;
-    case Format::nf4: fn.template operator()<Format::nf4>(); return;
-  }
-}
 
 }  // namespace
 
@@ -429,7 +408,7 @@ void matvec_cpu(const QLayout& L, const uint8_t* blob, const float* x, float* y)
   check_blob(L, blob, "matvec_cpu");
 #if defined(MT_QUANT_AVX512)
   if (!memtrade::simd::restricted_below_best() && blocked_ok(L.spec.format, L.group, L.cols)) {
-    dispatch(L.spec.format, [&]<Format F>() {
+    with_format(L.spec.format, [&]<Format F>() {
       if constexpr (F == Format::int4_asym) {
         if (L.group < 128)
           matvec_rows_blocked<F, false>(L, blob, x, y);

@@ -6,9 +6,6 @@
 
 #include <algorithm>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 #include "impls/quant/simd/matvec_simd.hpp"
 
@@ -100,16 +97,7 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
   const int64_t Kt = K / G * G;  // columns in whole groups; the last partial group goes element by element
   HWY_ALIGN float table[16];
   for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
-#if defined(_OPENMP)
-#pragma omp parallel
-#endif
-  {
-#if defined(_OPENMP)
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-#else
-    const int64_t nt = 1, t = 0;
-#endif
-    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
+  rows_per_thread(N, [&](int64_t r0, int64_t r1) {
     HWY_ALIGN float xp[kTile];
     for (int64_t r = r0; r < r1; ++r) y[r] = 0.f;
     for (int64_t c0 = 0; c0 < Kt && r0 < r1; c0 += kTile) {
@@ -144,7 +132,7 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
       for (int64_t k = Kt; k < K; ++k) tail += unscaled<F>(row, k, p.zero) * x[k];
       y[r] += p.scale * tail;
     }
-  }
+  });
 }
 
 template <Format F>
@@ -234,24 +222,12 @@ void DequantRowsT(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr,
   }
 }
 
-template <class Fn>
-void by_format(Format f, Fn&& fn) {
-  switch (f) {
-    case Format::int8: fn.template operator()<Format::int8>(); return;
-    case Format::int4: fn.template operator()<Format::int4>(); return;
-    case Format::int4_asym: fn.template operator()<Format::int4_asym>(); return;
-    case Format::fp8_e4m3: fn.template operator()<Format::fp8_e4m3>(); return;
-    case Format::fp8_e5m2: fn.template operator()<Format::fp8_e5m2>(); return;
-    case Format::nf4: fn.template operator()<Format::nf4>(); return;
-  }
-}
-
 void MatvecRows(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
-  by_format(L.spec.format, [&]<Format F>() { MatvecRowsT<F>(L, blob, x, y); });
+  with_format(L.spec.format, [&]<Format F>() { MatvecRowsT<F>(L, blob, x, y); });
 }
 
 void DequantRows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
-  by_format(L.spec.format, [&]<Format F>() { DequantRowsT<F>(L, blob, r0, nr, out); });
+  with_format(L.spec.format, [&]<Format F>() { DequantRowsT<F>(L, blob, r0, nr, out); });
 }
 
 // Dense rows: W row as fp32 (LoadW) times x, four accumulators.
