@@ -2,6 +2,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "impls/quant/simd/matvec_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -89,6 +90,9 @@ HWY_INLINE float unscaled(const uint8_t* row, int64_t k, float zero) {
 // thread, on the stack) with each chunk's even elements first and its odd ones after, so that the low and
 // the high nibbles of V code bytes meet their x values with plain loads.
 constexpr int64_t kTile = 4096;
+// A software prefetch this far down the code stream, once per cache line (rows are contiguous): one core's
+// hardware prefetch alone keeps too few lines in flight to stream the weights from DRAM.
+constexpr int64_t kPrefetchBytes = 4096;
 
 template <Format F>
 void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
@@ -113,14 +117,26 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
         for (int64_t g = c0 / G; g < c1 / G; ++g) {
           const GroupParams p = stored_params(L, blob, r, g);
           const VF z = hn::Set(df, p.zero);
-          VF a0 = hn::Zero(df), a1 = hn::Zero(df);
-          for (int64_t k = g * G; k < (g + 1) * G; k += 2 * V) {
+          // Four accumulators: the fma latency, not the decode, bounds two dependency chains.
+          VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+          int64_t k = g * G;
+          for (; k + 4 * V <= (g + 1) * G; k += 4 * V) {
+            if ((k & 127) == 0) hwy::Prefetch(row + k / 2 + kPrefetchBytes);
+            VF ue, uo, ue2, uo2;
+            decode4<F>(row + k / 2, z, table, ue, uo);
+            decode4<F>(row + k / 2 + V, z, table, ue2, uo2);
+            a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
+            a1 = hn::MulAdd(uo, hn::Load(df, xp + (k - c0) + V), a1);
+            a2 = hn::MulAdd(ue2, hn::Load(df, xp + (k - c0) + 2 * V), a2);
+            a3 = hn::MulAdd(uo2, hn::Load(df, xp + (k - c0) + 3 * V), a3);
+          }
+          for (; k < (g + 1) * G; k += 2 * V) {
             VF ue, uo;
             decode4<F>(row + k / 2, z, table, ue, uo);
             a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
             a1 = hn::MulAdd(uo, hn::Load(df, xp + (k - c0) + V), a1);
           }
-          acc = hn::MulAdd(hn::Set(df, p.scale), hn::Add(a0, a1), acc);
+          acc = hn::MulAdd(hn::Set(df, p.scale), hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), acc);
         }
         y[r] += hn::GetLane(hn::SumOfLanes(df, acc));
       }
@@ -172,10 +188,17 @@ void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y
           a1 = hn::MulAdd(uo, xo, a1);
         }
       } else {
-        for (; k + 2 * V <= k1; k += 2 * V) {
+        VF a2 = hn::Zero(df), a3 = hn::Zero(df);
+        for (; k + 4 * V <= k1; k += 4 * V) {
+          if ((k & 63) < 4 * V) hwy::Prefetch(row + k + kPrefetchBytes);
           a0 = hn::MulAdd(decode8<F>(row + k), hn::LoadU(df, x + k), a0);
           a1 = hn::MulAdd(decode8<F>(row + k + V), hn::LoadU(df, x + k + V), a1);
+          a2 = hn::MulAdd(decode8<F>(row + k + 2 * V), hn::LoadU(df, x + k + 2 * V), a2);
+          a3 = hn::MulAdd(decode8<F>(row + k + 3 * V), hn::LoadU(df, x + k + 3 * V), a3);
         }
+        for (; k + V <= k1; k += V) a0 = hn::MulAdd(decode8<F>(row + k), hn::LoadU(df, x + k), a0);
+        a0 = hn::Add(a0, a2);
+        a1 = hn::Add(a1, a3);
       }
       acc = hn::MulAdd(hn::Set(df, p.scale), hn::Add(a0, a1), acc);
       for (; k < k1; ++k) tail += unscaled<F>(row, k, p.zero) * x[k];
@@ -232,7 +255,8 @@ void DequantRows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, 
 
 // Dense rows: W row as fp32 (LoadW) times x, four accumulators.
 template <class LoadW, class Scalar>
-void dense_rows(const float* x, float* y, int64_t N, int64_t K, LoadW load_w, Scalar scalar) {
+void dense_rows(const void* W, int64_t elem_bytes, const float* x, float* y, int64_t N, int64_t K, LoadW load_w,
+                Scalar scalar) {
   const DF df;
   const int64_t V = static_cast<int64_t>(hn::Lanes(df));
 #if defined(_OPENMP)
@@ -241,7 +265,9 @@ void dense_rows(const float* x, float* y, int64_t N, int64_t K, LoadW load_w, Sc
   for (int64_t r = 0; r < N; ++r) {
     VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     int64_t k = 0;
+    const uint8_t* row = static_cast<const uint8_t*>(W) + r * K * elem_bytes;
     for (; k + 4 * V <= K; k += 4 * V) {
+      for (int64_t b = 0; b < 4 * V * elem_bytes; b += 64) hwy::Prefetch(row + k * elem_bytes + b + kPrefetchBytes);
       a0 = hn::MulAdd(load_w(r, k), hn::LoadU(df, x + k), a0);
       a1 = hn::MulAdd(load_w(r, k + V), hn::LoadU(df, x + k + V), a1);
       a2 = hn::MulAdd(load_w(r, k + 2 * V), hn::LoadU(df, x + k + 2 * V), a2);
@@ -256,7 +282,7 @@ void dense_rows(const float* x, float* y, int64_t N, int64_t K, LoadW load_w, Sc
 
 void DenseF32(const float* W, const float* x, float* y, int64_t N, int64_t K) {
   const DF df;
-  dense_rows(x, y, N, K, [&](int64_t r, int64_t k) { return hn::LoadU(df, W + r * K + k); },
+  dense_rows(W, 4, x, y, N, K, [&](int64_t r, int64_t k) { return hn::LoadU(df, W + r * K + k); },
              [&](int64_t r, int64_t k) { return W[r * K + k]; });
 }
 
@@ -265,7 +291,7 @@ void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) 
   const hn::Rebind<uint16_t, DF> du16;
   // bf16 -> fp32 is exact: the 16 bits moved to the top of the word
   dense_rows(
-      x, y, N, K,
+      W, 2, x, y, N, K,
       [&](int64_t r, int64_t k) {
         const auto h = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(W + r * K + k));
         return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
