@@ -110,7 +110,7 @@ AbResult run_ab(const AbOptions& o) {
     b.order = listing(true);
     int pairs = 0;
     try {
-      // Which build times a case first alternates by case and by round.
+      // Which build goes first alternates by invocation and by round.
       pairs = drive_lockstep(a, b, [&](int i) { return (i + round) % 2 == 0; });
     } catch (...) {
       for (auto* c : {&a, &b})
@@ -122,7 +122,7 @@ AbResult run_ab(const AbOptions& o) {
     res.baseline_files.push_back(out_a);
     res.candidate_files.push_back(out_b);
     if (o.verbose)
-      std::printf("ab: round %d in lockstep: %s, %s (%d cases paired, %.1f s)\n", round, out_a.c_str(), out_b.c_str(),
+      std::printf("ab: round %d in lockstep: %s, %s (%d timed invocations paired, %.1f s)\n", round, out_a.c_str(), out_b.c_str(),
                   pairs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fflush(stdout);
   };

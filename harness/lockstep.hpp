@@ -1,10 +1,11 @@
-// Lockstep timing: ab starts the baseline's and the candidate's `run` at once and lets them time each
-// case one after the other while the other process waits, so that a round's two times of a case are
-// taken seconds apart and share the machine's speed of that moment (on a shared machine it drifts by
-// tens of percent over minutes; see README "Regression gate").
+// Lockstep timing: ab starts the baseline's and the candidate's `run` at once and lets them take turns
+// timing each case, invocation by invocation of the benchmark function (each repetition is one), while
+// the other process waits, so that a round's two times of a case interleave within fractions of a
+// second and share the machine's speed of that moment (on a shared machine it drifts by tens of
+// percent within seconds; see README "Regression gate").
 //
-// A run started with $MEMTRADE_LOCKSTEP=R,W (two inherited file descriptors) brackets the timing of
-// each record with a LockstepTurn:
+// A run started with $MEMTRADE_LOCKSTEP=R,W (two inherited file descriptors) brackets each timed
+// invocation with a LockstepTurn:
 //     run -> "ready NAME\n"   coordinator -> "go\n"     (the run times NAME)
 //     run -> "done\n"         coordinator -> "next\n"   (both go on preparing their next case)
 // The coordinator answers "go" to one process only while the other is blocked, so timing never
@@ -43,9 +44,9 @@ struct LockstepChild {
 // Starts `args` (no shell) with $MEMTRADE_LOCKSTEP set to the child's ends of two pipes.
 LockstepChild start_lockstep_child(const std::vector<std::string>& args, std::string label);
 
-// Drives both runs to their end: each record both are ready to time is timed by one, then the other
-// (`a` first when a_first(i) for the i-th such record); records only one side has run alone. Sets
-// exit_status of both. Returns the number of records timed as pairs.
+// Drives both runs to their end: each invocation both are ready to time is timed by one, then the other
+// (`a` first when a_first(i) for the i-th such pair); what only one side has (a case the other lacks or
+// skipped, an extra invocation) runs alone. Sets exit_status of both. Returns the number of pairs.
 int drive_lockstep(LockstepChild& a, LockstepChild& b, const std::function<bool(int)>& a_first);
 
 }  // namespace memtrade

@@ -80,9 +80,13 @@ struct HeapWindow {
   ~HeapWindow() { close(); }
 };
 
-void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, double min_time_s, bool cold) {
+// turn_name: the record's name under ab's lockstep, where each invocation waits for its turn so that the
+// other build's invocation of the same case runs right before or after it.
+void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, double min_time_s, bool cold,
+                      const std::string& turn_name) {
   std::vector<Invocation> calls;
   auto* b = benchmark::RegisterBenchmark(rec.name.c_str(), [&](benchmark::State& st) {
+    LockstepTurn turn(turn_name);
     Invocation inv;
     for (auto _ : st) {
       if (cold) dev.flush_caches();  // outside the timed region
@@ -285,11 +289,8 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     // Timing.
     const Work work = w->work();
     if (work.cold_cache) rec.counters["cold_cache"] = 1;
-    {
-      // Under ab's lockstep the other build times this case right before or after this one.
-      LockstepTurn turn(rec.name + (impl.backend == Backend::cpu ? "" : " (" + std::string(backend_name(impl.backend)) + ")"));
-      time_with_gbench(rec, *w, dev, repetitions, min_time_s, work.cold_cache);
-    }
+    time_with_gbench(rec, *w, dev, repetitions, min_time_s, work.cold_cache,
+                     rec.name + (impl.backend == Backend::cpu ? "" : " (" + std::string(backend_name(impl.backend)) + ")"));
     add_throughput(rec, w->work(), impl.backend, ceilings);
   } catch (const OutOfMemory& e) {
     rec.status = "oom";
