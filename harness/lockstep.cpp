@@ -1,6 +1,7 @@
 #include "harness/lockstep.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,6 +146,11 @@ std::ptrdiff_t position(const std::vector<std::string>& order, const std::string
 }  // namespace
 
 int drive_lockstep(LockstepChild& a, LockstepChild& b, const std::function<bool(int)>& a_first) {
+  // A run that dies makes writes to its pipe fail (EPIPE, reported as an Error) instead of killing ab.
+  struct IgnoreSigpipe {
+    void (*old)(int) = signal(SIGPIPE, SIG_IGN);
+    ~IgnoreSigpipe() { signal(SIGPIPE, old); }
+  } ignore_sigpipe;
   advance(a);
   advance(b);
   int pairs = 0;
