@@ -96,9 +96,9 @@ const std::map<std::string, std::string> kHelp = {
      "  exit: 0 clean, 1 regressions, 2 unreadable or malformed input\n"},
     {"ab",
      "usage: memtrade ab --baseline-bin OLD --candidate-bin NEW --suite S [options]\n"
-     "  Each round runs OLD and NEW at once in lockstep (`run --no-probe`, one process each): every case is\n"
-     "  timed by one build right after the other while the other waits, so the pair shares the machine's\n"
-     "  speed of the moment. Time is judged on the rounds' ratios (one-sided signed-rank test, p < alpha, and\n"
+     "  Each round runs OLD and NEW at once in lockstep (`run --no-probe`, one process each): they take turns\n"
+     "  timing each case, one repetition each while the other waits, so both share the machine's speed of\n"
+     "  the moment. Time is judged on the rounds' ratios (one-sided signed-rank test, p < alpha, and\n"
      "  the minimum effect); memory and error as `compare` does. Cases whose time test was inconclusive\n"
      "  because runs were pre-empted or too spread (`unstable`) are run again, alone.\n"
      "  --runs K               rounds (default 7: the fewest with which the paired test reaches p < 0.01)\n"
