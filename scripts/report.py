@@ -790,10 +790,20 @@ def compare_section(cmp, path):
                            (val(r, "current"), "num"), (esc(r.get("change", "")), "num"),
                            esc(r.get("verdict")), esc(r.get("detail", ""))] for r in rs],
                          [str(r.get("verdict", "")) for r in rs])
-        # What changed comes first; what is only listed (not compared, new, order-dependent errors) folds.
-        first = [r for r in notok if r.get("verdict") in order]
+        # What got worse or changed comes first; improvements fold under a count per metric (many at once,
+        # e.g. a thread count that allocates less, would push the claims off the first screen); what is
+        # only listed (not compared, new, order-dependent errors) folds last.
+        first = [r for r in notok if r.get("verdict") in order and r.get("verdict") != "improved"]
+        better = [r for r in notok if r.get("verdict") == "improved"]
         rest = [r for r in notok if r.get("verdict") not in order]
-        out.append(rows_table(first) if first else "<p>No regressions, improvements or changed verdicts.</p>")
+        out.append(rows_table(first) if first else "<p>No regressions or changed verdicts.</p>")
+        if better:
+            per = {}
+            for r in better:
+                per[r.get("metric", "?")] = per.get(r.get("metric", "?"), 0) + 1
+            what = ", ".join(f"{m}: {n}" for m, n in sorted(per.items(), key=lambda kv: -kv[1]))
+            out.append(f"<details{' open' if len(better) <= 5 else ''}><summary>{len(better)} improvement"
+                       f"{'s' if len(better) != 1 else ''} ({esc(what)})</summary>" + rows_table(better) + "</details>")
         if rest:
             out.append(f"<details><summary>{len(rest)} more rows listed but not gated (new cases and metrics, "
                        "not compared, order-dependent errors)</summary>" + rows_table(rest) + "</details>")
