@@ -420,7 +420,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
     const char* per_run = o.time_stat == CompareOptions::RunStat::min ? "fastest repetitions" : "medians";
     CompareRow row{id, "time", num(t.baseline_median), num(t.candidate_median), fmt("%+.1f%%", 100 * (t.ratio - 1)),
                    "ok",
-                   paired ? fmt("median of %zu paired rounds' ratios", bt.size()) +
+                   paired ? "median of " + std::to_string(bt.size()) + " paired rounds' ratios" +
                                 fmt(" %.4g", t.ratio) + fmt(" (%.4g s", t.baseline_median) +
                                 fmt(" -> %.4g s)", t.candidate_median) +
                                 fmt(", one-sided signed-rank p = %.3g", t.ratio >= 1 ? t.p_slower : t.p_faster)

@@ -344,7 +344,7 @@ def facet_cases(cases, x_param):
     """{facet label: {series label: [Case sorted by x]}}: one panel per combination of the parameters that
     vary (other than x), one line per implementation (and backend, and suite when several)."""
     multi_suite = len({c.suite for c in cases}) > 1
-    multi_backend = len({c.backend for c in cases}) > 1
+    multi_backend = len({c.backend for c in cases if c.ok}) > 1  # skipped CUDA records do not name lines
     keys = {k for c in cases for k in c.params}
     varying = sorted(k for k in keys if k != x_param
                      and len({json.dumps(c.params.get(k), sort_keys=True) for c in cases}) > 1)

@@ -416,7 +416,8 @@ TEST(Compare, PairedRoundsCancelTheMachinesDriftBetweenRounds) {
   const auto r = compare_runs(base, cur, paired);
   EXPECT_EQ(regressions_named(r, name, "time"), 1);
   ASSERT_NE(row_of(r, name, "time"), nullptr);
-  EXPECT_NE(row_of(r, name, "time")->detail.find("paired rounds"), std::string::npos);
+  EXPECT_NE(row_of(r, name, "time")->detail.find("median of 7 paired rounds"), std::string::npos)
+      << row_of(r, name, "time")->detail;
   EXPECT_EQ(row_of(r, name, "time")->change, "+8.0%");
   // Unpaired, the same runs overlap: no verdict.
   EXPECT_EQ(regressions_named(compare_runs(base, cur, {}), name, "time"), 0);
