@@ -28,6 +28,14 @@ HWY_INLINE VI load_bytes_i32(const uint8_t* p) {
   return hn::BitCast(DI(), hn::PromoteTo(DU(), hn::LoadU(du8, p)));
 }
 
+// nf4's 16 code values, for the lookups below.
+struct Nf4Table {
+  HWY_ALIGN float v[16];
+  Nf4Table() {
+    for (int i = 0; i < 16; ++i) v[i] = nf4_code(i);
+  }
+};
+
 // nf4's 16 code values looked up by q (0..15), for any vector length: one table lookup per N entries.
 HWY_INLINE VF nf4_lookup(VI q, const float* table) {
   const DF df;
@@ -99,8 +107,8 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
   const DF df;
   const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
   const int64_t Kt = K / G * G;  // columns in whole groups; the last partial group goes element by element
-  HWY_ALIGN float table[16];
-  for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
+  const Nf4Table nf4;
+  const float* table = nf4.v;
   rows_per_thread(N, [&](int64_t r0, int64_t r1) {
     HWY_ALIGN float xp[kTile];
     for (int64_t r = r0; r < r1; ++r) y[r] = 0.f;
@@ -159,8 +167,8 @@ void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y
   }
   const DF df;
   const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
-  HWY_ALIGN float table[16];
-  for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
+  const Nf4Table nf4;
+  const float* table = nf4.v;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
@@ -212,8 +220,8 @@ template <Format F>
 void DequantRowsT(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
   const DF df;
   const int64_t K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
-  HWY_ALIGN float table[16];
-  for (int i = 0; i < 16; ++i) table[i] = nf4_code(i);
+  const Nf4Table nf4;
+  const float* table = nf4.v;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
