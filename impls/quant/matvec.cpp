@@ -78,34 +78,19 @@ namespace {
 
 #if defined(MT_QUANT_AVX512)
 
-// 16 unscaled values from element k (k even for the 4-bit formats): 16 bytes (8 for 4-bit) read once.
+// 16 unscaled values of a 4-bit format from element k (k even): 8 bytes read once.
 template <Format F>
 inline __m512 dec16(const uint8_t* row, int64_t k, __m512 zero, __m512 nf4_table) {
-  if constexpr (F == Format::int8) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-  } else if constexpr (F == Format::fp8_e4m3 || F == Format::fp8_e5m2) {
-    // The scalar decode's bit placement: magnitude bits under a float exponent, times 2^(127 - bias),
-    // then the sign. The blob never holds NaN / Inf codes (quantize saturates and rejects non-finite
-    // weights), so they are not special-cased here.
-    constexpr int shift = F == Format::fp8_e4m3 ? 20 : 21;
-    const __m512 pow2 = _mm512_set1_ps(F == Format::fp8_e4m3 ? 0x1p120f : 0x1p112f);
-    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
-    const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), shift);
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-    const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), pow2);
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
-  } else {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (k >> 1)));
-    const __m128i m = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(b, m);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));  // elements k .. k+15 in order
-    if constexpr (F == Format::nf4)
-      return _mm512_permutexvar_ps(q, nf4_table);
-    else
-      return _mm512_sub_ps(_mm512_cvtepi32_ps(q), zero);
-  }
+  static_assert(four_bit(F), "dec16 decodes the 4-bit formats (the others run the portable kernels)");
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (k >> 1)));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(b, m);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  const __m512i q = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));  // elements k .. k+15 in order
+  if constexpr (F == Format::nf4)
+    return _mm512_permutexvar_ps(q, nf4_table);
+  else
+    return _mm512_sub_ps(_mm512_cvtepi32_ps(q), zero);
 }
 
 inline __m512 nf4_table_vec() {
@@ -114,33 +99,25 @@ inline __m512 nf4_table_vec() {
   return _mm512_load_ps(t);
 }
 
-#endif
-
 template <Format F>
 inline float unscaled(const uint8_t* row, int64_t k, float zero) {
   return decode_value(F, four_bit(F) ? nibble(row, k) : row[k], 1.f, zero);
 }
 
-#if defined(MT_QUANT_AVX512)
 using Table = __m512;
 inline Table make_table() { return nf4_table_vec(); }
-#else
-using Table = int;
-inline Table make_table() { return 0; }
-#endif
 
 // One group [k0, k1) of one row: adds scale * sum_k u_k x_k to the row's accumulators (the vector lanes
-// in acc_v, scalar head / tail elements in acc_s).
+// in acc_v, scalar head / tail elements in acc_s). The blocked kernel's columns past its last block.
 template <Format F>
-inline void group_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x, const GroupParams& p,
-                      [[maybe_unused]] Table tab, [[maybe_unused]] void* acc_v, float& acc_s) {
+inline void group_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x, const GroupParams& p, Table tab,
+                      void* acc_v, float& acc_s) {
   float tail = 0.f;
   int64_t k = k0;
-  if (four_bit(F) && (k & 1) && k < k1) {  // odd start (odd group size): one element to reach a byte
+  if ((k & 1) && k < k1) {  // odd start (odd group size): one element to reach a byte
     tail += unscaled<F>(row, k, p.zero) * x[k];
     ++k;
   }
-#if defined(MT_QUANT_AVX512)
   const __m512 z = _mm512_set1_ps(p.zero);
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
   for (; k + 32 <= k1; k += 32) {
@@ -154,16 +131,9 @@ inline void group_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x
   __m512* av = static_cast<__m512*>(acc_v);
   *av = _mm512_fmadd_ps(_mm512_set1_ps(p.scale), _mm512_add_ps(a0, a1), *av);
   for (; k < k1; ++k) tail += unscaled<F>(row, k, p.zero) * x[k];
-#else
-#if defined(_OPENMP)
-#pragma omp simd reduction(+ : tail)
-#endif
-  for (int64_t j = k; j < k1; ++j) tail += unscaled<F>(row, j, p.zero) * x[j];
-#endif
   acc_s += p.scale * tail;
 }
 
-#if defined(MT_QUANT_AVX512)
 // ---- 4-bit fast path: 128-element blocks, 64 code bytes per load.
 //
 // A block's 64 bytes as 16 dwords: nibble j (bits 4j .. 4j+3) of dword i is element 8i + j of the block.
