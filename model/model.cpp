@@ -65,6 +65,10 @@ Config config_from_json(const Json& j) {
   c.context = get_int(j, "context", 0, true);
   c.norm_eps = get_float(j, "norm_eps", c.norm_eps);
   c.rope_theta = get_float(j, "rope_theta", c.rope_theta);
+  if (j.contains("tie_embeddings")) {
+    MT_CHECK(j.at("tie_embeddings").is_boolean(), "model config: \"tie_embeddings\" must be true or false");
+    c.tie_embeddings = j.at("tie_embeddings").get<bool>();
+  }
   validate(c);
   return c;
 }
@@ -88,6 +92,7 @@ Json to_json(const Config& c) {
   j["context"] = c.context;
   j["norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_theta;
+  if (c.tie_embeddings) j["tie_embeddings"] = true;
   return j;
 }
 
@@ -118,7 +123,7 @@ ParamLayout param_layout(const Config& c) {
     p.layer.push_back(L);
   }
   p.final_norm = add("model.norm.weight", {d}, false);
-  p.head = add("lm_head.weight", {c.vocab, d}, true);
+  p.head = c.tie_embeddings ? p.embed : add("lm_head.weight", {c.vocab, d}, true);
   return p;
 }
 
@@ -141,6 +146,7 @@ double train_flops_per_token(const Config& c, int64_t seq) {
   double matrix = 0;
   for (const ParamTensor& t : p.tensors)
     if (t.shape.size() == 2 && t.offset != p.embed) matrix += static_cast<double>(t.size);
+  if (c.tie_embeddings) matrix += static_cast<double>(c.vocab * c.dim);  // the head reads the embedding
   const double attention = 3.5 * 2.0 * static_cast<double>(seq) * static_cast<double>(c.dim) *
                            static_cast<double>(c.layers);
   return 6.0 * matrix + attention;

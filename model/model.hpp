@@ -7,9 +7,10 @@
 //
 // n1, n2 are RMSNorms with learned weights; rope is the half-split rotary embedding of layers.hpp;
 // attention has `heads` query heads and `kv_heads` key/value heads of head_dim = dim / heads. The
-// embedding and the output head are separate matrices (not tied). Linear weights are [out x in]
-// (torch.nn.Linear's layout) and carry Hugging Face Llama's tensor names, so a checkpoint maps onto
-// transformers' LlamaForCausalLM (rms_norm_eps = norm_eps, rope_theta, tie_word_embeddings = false).
+// embedding and the output head are separate matrices, or one (tie_embeddings: lm_head reads the
+// embedding's [vocab x dim] table, and its gradient adds to the embedding's). Linear weights are
+// [out x in] (torch.nn.Linear's layout) and carry Hugging Face Llama's tensor names, so a checkpoint
+// maps onto transformers' LlamaForCausalLM (rms_norm_eps = norm_eps, rope_theta, tie_word_embeddings).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,7 @@ struct Config {
   int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0;
   int64_t context = 0;  // longest sequence the model is trained on (RoPE positions 0..context-1)
   float norm_eps = 1e-5f, rope_theta = 10000.f;
+  bool tie_embeddings = false;
 
   int64_t head_dim() const { return dim / heads; }
   int64_t kv_dim() const { return kv_heads * head_dim(); }
@@ -39,8 +41,8 @@ struct Config {
 void validate(const Config& c);
 
 // From JSON {"vocab": 256, "dim": ..., "layers": ..., "heads": ..., "kv_heads": ..., "ffn": ...,
-// "context": ..., "norm_eps": ..., "rope_theta": ...} (vocab, kv_heads, norm_eps and rope_theta
-// optional; kv_heads defaults to heads), or from a case's parameters of the same names. Validated.
+// "context": ..., "norm_eps": ..., "rope_theta": ..., "tie_embeddings": false} (vocab, kv_heads,
+// norm_eps, rope_theta and tie_embeddings optional; kv_heads defaults to heads), or from a case's parameters of the same names. Validated.
 Config config_from_json(const Json& j);
 Config config_from_case(const Case& c);
 Json to_json(const Config& c);
@@ -55,7 +57,7 @@ struct ParamTensor {
 
 // Offsets of every parameter in one flat array, in this order: embedding; per layer input_layernorm,
 // q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj, up_proj, down_proj; final norm;
-// lm_head.
+// lm_head (none when tied: head == embed).
 struct ParamLayout {
   struct Layer { int64_t attn_norm, wq, wk, wv, wo, mlp_norm, wg, wu, wd; };
   std::vector<ParamTensor> tensors;

@@ -44,6 +44,8 @@ struct TrainOptions {
   uint64_t seed = 0;            // stream of the stochastic rounding bits (bf16-pure)
   double init_scale = 65536.0;  // dynamic loss scaling (fp16-mixed), PyTorch's defaults
   int64_t growth_interval = 2000;
+  bool inference_only = false;  // weights and the forward only: no gradients, master copy or moments
+                                // (eval_loss and linear_inputs work; step and gradients throw)
 };
 
 // Throws Error naming the problem (batch/seq/accum <= 0, seq > context, lr/betas/eps out of range).
@@ -67,6 +69,8 @@ class Trainer {
   virtual StepStats step(std::span<const datasets::Batch> micro) = 0;
   // Mean loss of a batch at the current weights (forward only).
   virtual double eval_loss(const datasets::Batch& b) = 0;
+  // The logits of a batch at the current weights (forward only), as fp32 [batch * seq x vocab].
+  virtual std::vector<float> logits(const datasets::Batch& b) = 0;
   // Gradient of the mean loss of one batch at the current weights, through the policy's real path
   // (scaled by the loss scaler's current scale, stored in the policy's gradient type, unscaled as the
   // optimizer would), per parameter in the layout's order, as double. No update: the weights are unchanged.

@@ -73,6 +73,13 @@ class TrainerCore : public Trainer {
     return forward(a);
   }
 
+  std::vector<float> logits(const datasets::Batch& b) override {
+    load_batch(b);
+    Acts a;
+    forward(a);
+    return be().widen(a.logits.template as<S>(), rows() * c_.vocab);
+  }
+
   // Through the policy's real path: the loss multiplied by the loss scaler's current scale (1 when the
   // policy does not scale), the gradient stored in S, then unscaled as the optimizer step unscales it.
   std::vector<double> gradients(const datasets::Batch& b) override {
@@ -131,9 +138,12 @@ class TrainerCore : public Trainer {
     const int64_t P = L_.total;
     auto& pool = dev.memory();
     weights_ = Buffer(pool, P * sizeof(S), Tag::weights);
-    grads_ = Buffer(pool, P * sizeof(S), Tag::grads);
-    m_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
-    v_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
+    if (o.inference_only) master_ = false;
+    else {
+      grads_ = Buffer(pool, P * sizeof(S), Tag::grads);
+      m_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
+      v_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
+    }
     if (master_) master_buf_ = Buffer(pool, P * sizeof(float), Tag::master);
     std::vector<S> w(P);
     for (int64_t i = 0; i < P; ++i) w[i] = store<S>(static_cast<C>(init[i]));
@@ -168,11 +178,13 @@ class TrainerCore : public Trainer {
 
   // Called by the backend's constructor once its operations can run.
   void zero_moments() {
+    if (o_.inference_only) return;
     be().zero(m_.data(), m_.bytes());
     be().zero(v_.data(), v_.bytes());
   }
 
   void zero_grads() {
+    MT_CHECK(!o_.inference_only, "training: this trainer was made for inference only (no gradients)");
     be().zero(grads_.data(), grads_.bytes());
     be().clear_counters();
   }
@@ -326,7 +338,7 @@ class TrainerCore : public Trainer {
   const TrainOptions o_;
   Device& dev_;
   const ParamLayout L_;
-  const bool master_;
+  bool master_;
   precision::LossScaler scaler_;
   Buffer weights_, grads_, m_, v_, master_buf_, ids_, targets_;
   int64_t steps_ = 0, adam_t_ = 0;

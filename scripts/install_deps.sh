@@ -12,8 +12,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# matplotlib for the report; safetensors only as the independent reader in the checkpoint-format test.
-if ! python3 -c "import matplotlib, numpy, PIL, safetensors" 2>/dev/null; then
-  echo "install_deps: installing matplotlib and safetensors for $(command -v python3)"
-  python3 -m pip install -q matplotlib numpy pillow safetensors
+# matplotlib for the report; safetensors and gguf only as independent writers/readers in the format tests.
+if ! python3 -c "import matplotlib, numpy, PIL, safetensors, gguf" 2>/dev/null; then
+  echo "install_deps: installing matplotlib, safetensors and gguf for $(command -v python3)"
+  python3 -m pip install -q matplotlib numpy pillow safetensors gguf
 fi
+# The pretrained model of the real-model cases (98 MB, once). Without it those cases record `skipped`
+# with the command that fetches it, and their tests skip; everything else runs.
+"$(dirname "$0")/fetch_models.sh" || echo "install_deps: could not fetch the models; their cases will be skipped" >&2
