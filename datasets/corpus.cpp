@@ -182,12 +182,14 @@ Split split(const Corpus& corpus, double val_fraction) {
   return {all.first(n - n_val), all.last(n_val)};
 }
 
-Batch sample_batch(std::span<const uint8_t> data, int64_t batch, int64_t context, uint64_t seed, uint64_t step) {
+namespace {
+template <class T>
+Batch sample(std::span<const T> data, int64_t batch, int64_t context, uint64_t seed, uint64_t step) {
   if (batch < 1 || context < 1)
     throw Error("sample_batch: batch (" + std::to_string(batch) + ") and context (" + std::to_string(context) +
                 ") must be at least 1");
   if (data.size() < static_cast<uint64_t>(context) + 1)
-    throw Error("sample_batch: " + std::to_string(data.size()) + " bytes of data are too few for a context of " +
+    throw Error("sample_batch: " + std::to_string(data.size()) + " tokens of data are too few for a context of " +
                 std::to_string(context) + " (need at least context + 1)");
   Batch b;
   b.batch = batch;
@@ -207,6 +209,14 @@ Batch sample_batch(std::span<const uint8_t> data, int64_t batch, int64_t context
     }
   }
   return b;
+}
+}  // namespace
+
+Batch sample_batch(std::span<const uint8_t> data, int64_t batch, int64_t context, uint64_t seed, uint64_t step) {
+  return sample(data, batch, context, seed, step);
+}
+Batch sample_batch(std::span<const int32_t> tokens, int64_t batch, int64_t context, uint64_t seed, uint64_t step) {
+  return sample(tokens, batch, context, seed, step);
 }
 
 }  // namespace memtrade::datasets

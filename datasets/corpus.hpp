@@ -53,6 +53,8 @@ struct Batch {
   int64_t batch = 0, context = 0;
 };
 Batch sample_batch(std::span<const uint8_t> data, int64_t batch, int64_t context, uint64_t seed, uint64_t step);
+// The same over token ids (a tokenized text), with the same starts for the same sizes.
+Batch sample_batch(std::span<const int32_t> tokens, int64_t batch, int64_t context, uint64_t seed, uint64_t step);
 
 // SHA-256 (FIPS 180-4) of `data` as 64 lowercase hex digits.
 std::string sha256_hex(std::span<const uint8_t> data);

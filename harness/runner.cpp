@@ -525,7 +525,7 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
     const auto suite_start = std::chrono::steady_clock::now();
     for (const Case& c : cases.at(s.name)) {
       std::unique_ptr<Problem> problem;
-      std::string problem_error;
+      std::string problem_error, problem_skip;
       bool problem_tried = false;
       for (const Impl& impl : tech.impls) {
         if (!selected(tech, impl, c)) continue;
@@ -552,13 +552,15 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
           try {
             SlowNote note(opts.verbose, "preparing the case (training, calibration, oracle)");
             problem = tech.prepare(c);
+          } catch (const Skip& e) {  // what the case needs is not here (a model file): recorded, not an error
+            problem_skip = e.what();
           } catch (const std::exception& e) {
             problem_error = e.what();
           }
         }
         if (rec.status == "ok" && !problem) {
-          rec.status = "error";
-          rec.detail = "preparing the case failed: " + problem_error;
+          rec.status = problem_skip.empty() ? "error" : "skipped";
+          rec.detail = problem_skip.empty() ? "preparing the case failed: " + problem_error : problem_skip;
         }
         if (rec.status == "ok") rec = measure(tech, impl, c, *problem, *dev, reps, prof.min_time_s, info.ceilings);
         if (rec.status == "ok") judge_record(tech, impl, c, *problem, records, rec);

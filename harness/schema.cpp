@@ -101,6 +101,16 @@ void Param::check(const Json& v, const std::string& where) const {
 
 Json derived(const std::string& from) { return Json{{"derived_from", from}}; }
 bool is_derived(const Json& fallback) { return fallback.is_object() && fallback.contains("derived_from"); }
+Json required_when(const std::string& key, const Json& value) {
+  return Json{{"required_when", Json{{"key", key}, {"value", value}}}};
+}
+namespace {
+bool is_conditional(const Json& fallback) { return fallback.is_object() && fallback.contains("required_when"); }
+std::string condition_text(const Json& fallback) {
+  const Json& w = fallback["required_when"];
+  return w["key"].get<std::string>() + " = " + w["value"].dump();
+}
+}  // namespace
 
 std::string Param::describe() const {
   std::string s(param_type_name(type));
@@ -114,6 +124,7 @@ std::string Param::describe() const {
   else if (max) s += " <= " + num_text(*max);
   if (fallback.is_null()) s += ", required";
   else if (is_derived(fallback)) s += ", default: " + fallback["derived_from"].get<std::string>();
+  else if (is_conditional(fallback)) s += ", required when " + condition_text(fallback);
   else s += ", default " + fallback.dump();
   return s;
 }
@@ -164,8 +175,18 @@ void Schema::check(const Json& values, const std::string& where) const {
     }
     p->check(v, where);
   }
-  for (const auto& p : params)
-    if (p.fallback.is_null() && !values.contains(p.name)) throw Error(where + ": required key '" + p.name + "' is missing");
+  for (const auto& p : params) {
+    if (values.contains(p.name)) continue;
+    if (p.fallback.is_null()) throw Error(where + ": required key '" + p.name + "' is missing");
+    if (is_conditional(p.fallback)) {
+      const Json& w = p.fallback["required_when"];
+      const std::string key = w["key"].get<std::string>();
+      const Param* on = param(key);
+      const Json value = values.contains(key) ? values[key] : on ? on->fallback : Json();
+      if (value == w["value"])
+        throw Error(where + ": key '" + p.name + "' is required when " + condition_text(p.fallback) + " and is missing");
+    }
+  }
 }
 
 const std::vector<Metric>& harness_metrics() {

@@ -38,6 +38,9 @@ struct Param {
 // A default computed from other parameters, e.g. derived("n") for "m defaults to n".
 Json derived(const std::string& from);
 bool is_derived(const Json& fallback);
+// No default, required only when another parameter has a value (e.g. the trained model's config keys
+// when model = "trained"); a case without it otherwise reads a fallback of its own.
+Json required_when(const std::string& key, const Json& value);
 
 // Named constructors keep the declarations in a technique's register.cpp one line each.
 Param int_param(std::string name, std::string help, Json fallback = nullptr, std::optional<double> min = 1,

@@ -315,6 +315,22 @@ TEST(Batch, Errors) {
   EXPECT_NE(e.find("must be at least 1"), std::string::npos) << e;
   e = error_of([&] { datasets::sample_batch(bytes, 2, -3, 0, 0); });
   EXPECT_NE(e.find("must be at least 1"), std::string::npos) << e;
-  e = error_of([&] { datasets::sample_batch({}, 1, 1, 0, 0); });
+  e = error_of([&] { datasets::sample_batch(std::span<const uint8_t>{}, 1, 1, 0, 0); });
   EXPECT_NE(e.find("too few"), std::string::npos) << e;
+}
+
+TEST(Batch, TokenStreamsSampleTheSameWindowsAsBytes) {
+  std::vector<uint8_t> bytes(300);
+  std::vector<int32_t> tokens(300);
+  for (int i = 0; i < 300; ++i) {
+    bytes[i] = static_cast<uint8_t>(i % 251);
+    tokens[i] = 1000 + i;
+  }
+  const auto b = datasets::sample_batch(bytes, 3, 17, 5, 2), t = datasets::sample_batch(tokens, 3, 17, 5, 2);
+  ASSERT_EQ(t.inputs.size(), b.inputs.size());
+  for (std::size_t i = 0; i < t.inputs.size(); ++i) {
+    const int32_t pos = t.inputs[i] - 1000;  // token i sits at position i
+    EXPECT_EQ(pos % 251, b.inputs[i]);
+    EXPECT_EQ(t.targets[i], t.inputs[i] + 1);
+  }
 }

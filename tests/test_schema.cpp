@@ -53,6 +53,26 @@ TEST(Schema, WrongTypeChoiceRangeAndMissingAreErrors) {
   EXPECT_NE(error_of(Json{{"causal", true}}).find("required key 'n' is missing"), std::string::npos);
 }
 
+TEST(Schema, RequiredWhenAppliesOnlyUnderItsCondition) {
+  Schema s;
+  s.params = {text_param("model", "which model", "trained", {"trained", "pretrained"}),
+              int_param("dim", "width", required_when("model", "trained"))};
+  auto err = [&](const Json& j) {
+    try {
+      s.check(j, "f");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(err(Json{{"dim", 8}}), "");
+  EXPECT_EQ(err(Json{{"model", "pretrained"}}), "");
+  EXPECT_NE(err(Json::object()).find("key 'dim' is required when model = \"trained\" and is missing"), std::string::npos)
+      << err(Json::object());  // the condition holds through model's default
+  EXPECT_NE(err(Json{{"model", "trained"}}).find("required when"), std::string::npos);
+  EXPECT_NE(s.params[1].describe().find("required when model = \"trained\""), std::string::npos) << s.params[1].describe();
+}
+
 TEST(Schema, MetricLookupPrefersExactNames) {
   const Schema s = schema();
   ASSERT_NE(s.metric("val_loss"), nullptr);

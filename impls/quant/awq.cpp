@@ -39,6 +39,7 @@ QuantResult rtn(const Spec& spec, const float* W, int64_t N, int64_t K) {
   MT_CHECK(G > 0, "quantize: group size must be positive");
   const int64_t groups = (K + G - 1) / G;
   r.params.resize(static_cast<std::size_t>(N * groups));
+#pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < N; ++row)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t c0 = g * G, c1 = std::min(c0 + G, K);

@@ -10,16 +10,25 @@
 // dequantized fp32 weights, so time and memory of these cases describe the evaluation, not a quantized
 // runtime (the `quant` suite measures the kernels).
 //
-// Case parameters: the model and training parameters of the precision suite (dim, layers, heads,
-// kv_heads, ffn, context, batch, steps, lr, warmup_steps, seed), eval_batches, calib_batches, format.
-// Implementations: rtn (reference), gptq, awq.
+// model = "smollm2" takes a pretrained model instead: SmolLM2-135M-Instruct from its GGUF file (every
+// tensor dequantized to fp32: that model is the "fp32" reference, and its Q4_1/Q8_0 origin is why it
+// is scored against itself, not against the original bf16 weights), its BPE tokenizer over the same
+// fortunes corpus, split by tokens: calibration windows from the first 90%, validation windows from
+// the last 10%. Its projections are quantized the same way (its tied embedding/lm_head stays fp32).
+//
+// Case parameters: model ("trained" or "smollm2"); for "trained" the model and training parameters of
+// the precision suite (dim, layers, heads, kv_heads, ffn, context, batch, steps, lr, warmup_steps,
+// seed); for "smollm2" batch (default 1) and seq (default 256) tokens per window; eval_batches,
+// calib_batches, format, corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq, awq.
 #include <cmath>
+#include <filesystem>
 #include <mutex>
 
 #include "datasets/corpus.hpp"
 #include "harness/claims.hpp"
 #include "harness/registry.hpp"
 #include "harness/stats.hpp"
+#include "model/gguf_model.hpp"
 #include "model/train.hpp"
 #include "model/train_case.hpp"
 #include "impls/quant/quantizers.hpp"
@@ -33,6 +42,10 @@ void register_technique(Registry& r);
 namespace {
 
 struct Trained {
+  std::string model = "trained";  // or "smollm2"
+  std::string source;             // what the model is, for the record's detail
+  std::vector<int32_t> tokens;    // the tokenized corpus (pretrained models; empty: byte-level)
+  std::size_t val_start = 0;      // first validation token
   model::Config cfg;
   model::TrainOptions opts;
   datasets::Corpus corpus;
@@ -47,7 +60,19 @@ struct Trained {
 };
 
 datasets::Batch val_batch(const Trained& t, int64_t k) {
+  if (!t.tokens.empty())
+    return datasets::sample_batch(std::span<const int32_t>(t.tokens).subspan(t.val_start), t.opts.batch, t.opts.seq,
+                                  t.seed + 1000, static_cast<uint64_t>(k));
   return datasets::sample_batch(t.split.val, t.opts.batch, t.opts.seq, t.seed + 1000, static_cast<uint64_t>(k));
+}
+
+// Calibration batch b: training text after the batches the model trained on (byte-level model), or
+// windows of the first 90% of the tokens (pretrained model).
+datasets::Batch calib_batch(const Trained& t, int64_t steps, int64_t b) {
+  if (!t.tokens.empty())
+    return datasets::sample_batch(std::span<const int32_t>(t.tokens).first(t.val_start), t.opts.batch, t.opts.seq,
+                                  t.seed, static_cast<uint64_t>(b));
+  return datasets::sample_batch(t.split.train, t.opts.batch, t.opts.seq, t.seed, static_cast<uint64_t>(steps + b));
 }
 
 std::vector<double> batch_losses(const Trained& t, model::Trainer& tr) {
@@ -64,7 +89,23 @@ double mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
-// Trains (or reuses, within this process) the fp32 model of the case's training parameters.
+// Captures the calibration inputs and the fp32 losses of the model in `t`.
+void calibrate_and_score(Trained& t, int64_t steps, int64_t calib_batches) {
+  auto dev = make_cpu_device();
+  auto tr = model::make_trainer_cpu(t.cfg, t.opts, *dev, t.params);
+  for (int64_t b = 0; b < calib_batches; ++b) {
+    const auto in = tr->linear_inputs(calib_batch(t, steps, b));
+    if (t.calib.empty()) t.calib.resize(in.size());
+    for (std::size_t l = 0; l < in.size(); ++l)
+      for (int k = 0; k < 4; ++k) t.calib[l][k].insert(t.calib[l][k].end(), in[l][k].begin(), in[l][k].end());
+  }
+  t.calib_rows = calib_batches * t.opts.batch * t.opts.seq;
+  t.fp32_batch_loss = batch_losses(t, *tr);
+  t.fp32_val_loss = mean(t.fp32_batch_loss);
+}
+
+// The fp32 model of the case's training parameters (trained), or the pretrained model with its tokenized
+// corpus; made once per process for each set of parameters.
 std::shared_ptr<const Trained> trained_model(const Case& c) {
   Json key = c.params;
   key.erase("format");
@@ -73,29 +114,44 @@ std::shared_ptr<const Trained> trained_model(const Case& c) {
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(key.dump()); it != cache.end()) return it->second;
   auto t = std::make_shared<Trained>();
-  const model::TrainCase tc = model::read_train_case(c);
-  t->cfg = tc.cfg;
-  t->opts = tc.opts;
-  t->seed = tc.seed;
-  t->eval_batches = tc.eval_batches;
-  const int64_t steps = tc.steps, calib_batches = c.integer("calib_batches", 2);
+  const int64_t calib_batches = c.integer("calib_batches", 2);
   MT_CHECK(calib_batches > 0, "case " + c.id + ": calib_batches must be > 0");
-  t->corpus = model::load_case_corpus(tc);
-  t->split = datasets::split(t->corpus);
-  t->params = model::train_fp32(t->cfg, t->opts, t->split.train, steps, t->seed);
-  auto dev = make_cpu_device();
-  auto tr = model::make_trainer_cpu(t->cfg, t->opts, *dev, t->params);
-  for (int64_t b = 0; b < calib_batches; ++b) {
-    // Calibration batches come after the training batches, so they are text the model has not seen.
-    const auto in = tr->linear_inputs(
-        datasets::sample_batch(t->split.train, t->opts.batch, t->opts.seq, t->seed, static_cast<uint64_t>(steps + b)));
-    if (t->calib.empty()) t->calib.resize(in.size());
-    for (std::size_t l = 0; l < in.size(); ++l)
-      for (int k = 0; k < 4; ++k) t->calib[l][k].insert(t->calib[l][k].end(), in[l][k].begin(), in[l][k].end());
+  t->model = c.text("model", "trained");
+  int64_t steps = 0;
+  if (t->model == "smollm2") {
+    const std::filesystem::path path = model::smollm2_path();
+    if (!std::filesystem::exists(path))
+      throw Skip(path.string() + " is absent: run " + std::string(model::kFetchModelsCommand) +
+                 " (or set MEMTRADE_MODELS_DIR to the folder holding " + model::kSmolLM2File + ")");
+    model::Pretrained m = model::load_gguf_model(path);
+    t->cfg = m.cfg;
+    t->params = std::move(m.params);
+    t->source = m.name + " (" + path.filename().string() + ", dequantized to fp32)";
+    t->opts.batch = c.integer("batch", 1);
+    t->opts.seq = c.integer("seq", 256);
+    t->opts.inference_only = true;
+    t->seed = static_cast<uint64_t>(c.integer("seed", 1));
+    t->eval_batches = c.integer("eval_batches", 8);
+    model::TrainCase corpus_case;
+    corpus_case.corpus_dir = c.text("corpus_dir", "");
+    corpus_case.corpus_sha256 = c.text("corpus_sha256", "");
+    t->corpus = model::load_case_corpus(corpus_case);
+    t->tokens = m.tokenizer.encode(std::string_view(reinterpret_cast<const char*>(t->corpus.bytes.data()), t->corpus.bytes.size()));
+    t->val_start = t->tokens.size() * 9 / 10;
+    model::validate(t->cfg, t->opts);
+  } else {
+    const model::TrainCase tc = model::read_train_case(c);
+    t->cfg = tc.cfg;
+    t->opts = tc.opts;
+    t->seed = tc.seed;
+    t->eval_batches = tc.eval_batches;
+    steps = tc.steps;
+    t->corpus = model::load_case_corpus(tc);
+    t->split = datasets::split(t->corpus);
+    t->params = model::train_fp32(t->cfg, t->opts, t->split.train, steps, t->seed);
+    t->source = "the precision suite's byte-level model trained in fp32 for " + std::to_string(steps) + " steps";
   }
-  t->calib_rows = calib_batches * t->opts.batch * t->opts.seq;
-  t->fp32_batch_loss = batch_losses(*t, *tr);
-  t->fp32_val_loss = mean(t->fp32_batch_loss);
+  calibrate_and_score(*t, steps, calib_batches);
   cache[key.dump()] = t;
   return t;
 }
@@ -143,6 +199,7 @@ class ModelQuantWorkload final : public Workload {
         fp32_bytes_ += 4.0 * static_cast<double>(n * k);
       }
     }
+    other_params_ = static_cast<double>(L.total) - fp32_bytes_ / 4.0;
     weight_rel_l2_ = std::sqrt(num / den);
     trainer_ = model::make_trainer_cpu(t.cfg, t.opts, dev, params_);
   }
@@ -197,10 +254,16 @@ class ModelQuantWorkload final : public Workload {
     c["projection_bytes"] = weight_bytes_;
     c["projection_bytes_fp32"] = fp32_bytes_;
     c["bits_per_weight"] = 8.0 * weight_bytes_ / (fp32_bytes_ / 4.0);
+    // The whole model as GPTQ/AWQ checkpoints store it: quantized projections, everything else fp16.
+    c["model_bytes"] = weight_bytes_ + 2.0 * other_params_;
+    c["model_bytes_fp16"] = 2.0 * (fp32_bytes_ / 4.0 + other_params_);
   }
 
   std::string detail() override {
-    return "corpus " + p_.model->corpus.source + " sha256 " + p_.model->corpus.sha256 +
+    return p_.model->source + "; corpus " + p_.model->corpus.source + " sha256 " + p_.model->corpus.sha256 +
+           (p_.model->tokens.empty() ? std::string()
+                                     : " (" + std::to_string(p_.model->tokens.size()) + " tokens, validation from token " +
+                                           std::to_string(p_.model->val_start) + ")") +
            "; calibration rows per projection: " + std::to_string(p_.model->calib_rows);
   }
 
@@ -209,7 +272,7 @@ class ModelQuantWorkload final : public Workload {
   Device& dev_;
   std::vector<float> params_;
   std::unique_ptr<model::Trainer> trainer_;
-  double loss_ = NAN, weight_rel_l2_ = 0, weight_bytes_ = 0, fp32_bytes_ = 0;
+  double loss_ = NAN, weight_rel_l2_ = 0, weight_bytes_ = 0, fp32_bytes_ = 0, other_params_ = 0;
   std::vector<double> batch_loss_;
 };
 
@@ -219,9 +282,25 @@ std::string fmt(const char* f, double a, double b = 0) {
   return buf;
 }
 
-const Record* find(const std::vector<Record>& recs, const std::string& impl, const std::string& format) {
+std::string model_of(const Record& r) { return r.kase.params.value("model", std::string("trained")); }
+
+// The model the claims are answered on: the pretrained one when the run has it (a model with the
+// outlier features of the LLMs the claims are about), else the trained small model.
+std::string claim_model(const std::vector<Record>& recs) {
   for (const auto& r : recs)
-    if (r.technique == "quant_model" && r.impl == impl && r.status == "ok" && r.kase.params.value("format", "") == format)
+    if (r.technique == "quant_model" && r.status == "ok" && model_of(r) == "smollm2") return "smollm2";
+  return "trained";
+}
+std::string model_text(const std::string& m) {
+  return m == "smollm2" ? "SmolLM2-135M-Instruct (pretrained, from its GGUF file)"
+                        : "the small byte-level model the precision suite trains";
+}
+
+const Record* find(const std::vector<Record>& recs, const std::string& impl, const std::string& format) {
+  const std::string m = claim_model(recs);
+  for (const auto& r : recs)
+    if (r.technique == "quant_model" && r.impl == impl && r.status == "ok" &&
+        r.kase.params.value("format", "") == format && model_of(r) == m)
       return &r;
   return nullptr;
 }
@@ -274,7 +353,7 @@ ClaimResult check_int8_lossless(const ClaimSpec& spec, const std::vector<Record>
   }
   return {measured, verdict,
           "band " + band.str() + " +- 2 standard errors over the validation batches; per-channel absmax INT8 of every "
-          "projection of the small trained byte-level model, no outlier decomposition" + note};
+          "projection of " + model_text(claim_model(recs)) + ", no outlier decomposition" + note};
 }
 
 // int4-mmlu: "INT4 loses 0.5-1% on MMLU", answered with perplexity (no MMLU harness here): the best
@@ -296,8 +375,9 @@ ClaimResult check_int4_mmlu(const ClaimSpec& spec, const std::vector<Record>& re
     }
   if (measured.empty()) return {"", "out_of_scope", "needs " + format + " cases"};
   const std::string note = "perplexity, NOT MMLU accuracy (no MMLU harness here): the best quantizer's change against "
-                           "band " + band.str() + " +- 2 standard errors; the sources report Llama-2-7B wikitext2 5.47 "
-                           "-> 5.73 (RTN), 5.69 (GPTQ), 5.60 (AWQ)";
+                           "band " + band.str() + " +- 2 standard errors, on " + model_text(claim_model(recs)) +
+                           "; the sources report Llama-2-7B wikitext2 5.47 -> 5.73 (RTN, +4.8%), 5.69 (GPTQ, +4.0%), "
+                           "5.60 (AWQ, +2.4%)";
   if (!any_sensitive)
     return {format + " perplexity vs fp32: " + measured, "inconclusive",
             note + "; no quantizer raises perplexity beyond its noise: the model is too small to show INT4's error"};
@@ -311,7 +391,7 @@ ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& r
   std::string measured;
   std::vector<std::string> verdicts;
   for (const auto& r : recs) {
-    if (r.technique != "quant_model" || r.impl != "awq" || r.status != "ok") continue;
+    if (r.technique != "quant_model" || r.impl != "awq" || r.status != "ok" || model_of(r) != claim_model(recs)) continue;
     const std::string f = r.kase.params.value("format", "");
     if (f.rfind("int4", 0) != 0) continue;
     const Record* g = find(recs, "gptq", f);
@@ -330,8 +410,8 @@ ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& r
   }
   if (verdicts.empty()) return {"", "out_of_scope", "needs gptq and awq runs of one INT4 format"};
   return {measured, combine_verdicts(verdicts),
-          "band " + band.str() + " (above 0: AWQ better); paired over the validation batches; GPTQ here is not "
-          "sequential (all layers calibrated on fp32 activations)"};
+          "band " + band.str() + " (above 0: AWQ better); paired over the validation batches of " +
+              model_text(claim_model(recs)) + "; GPTQ here is not sequential (all layers calibrated on fp32 activations)"};
 }
 
 }  // namespace
@@ -339,20 +419,30 @@ ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& r
 void register_technique(Registry& r) {
   Technique t;
   t.name = "quant_model";
-  t.schema.params = model::train_case_params();
+  t.schema.params = {text_param("model", "the model: \"trained\" (the precision suite's byte-level model) or \"smollm2\" "
+                                         "(SmolLM2-135M-Instruct from its GGUF file)", "trained", {"trained", "smollm2"})};
+  // The training keys a trained model needs are required only for it; smollm2 reads batch (1) and seq (256).
+  for (Param p : model::train_case_params()) {
+    if (p.fallback.is_null()) p.fallback = required_when("model", "trained");
+    t.schema.params.push_back(std::move(p));
+  }
   t.schema.params.push_back(int_param("calib_batches", "training batches whose projection inputs calibrate GPTQ/AWQ", 2));
   t.schema.params.push_back(text_param("format", "weight format of every projection (as in the quant suite)"));
   t.schema.metrics = {
-      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.01, 0, "validation loss with quantized projections"},
+      {"val_loss", "nats/token", Better::lower, Gate::ratio, 1.01, 0,
+       "validation loss with quantized projections (the trained model's tokens are bytes)"},
       {"perplexity", "1", Better::lower, Gate::ratio, 1.01, 0, "exp(val_loss)"},
       {"perplexity_fp32", "1", Better::none, Gate::report, 0, 0, "the fp32 model's"},
       {"perplexity_rel_delta", "1", Better::lower, Gate::report, 0, 0, "perplexity change against fp32"},
       {"perplexity_rel_delta_se", "1", Better::none, Gate::report, 0, 0,
        "its standard error over the validation batches (paired with fp32's)"},
-      {"val_loss_batch_*", "nats/byte", Better::none, Gate::report, 0, 0, "validation loss of one batch"},
+      {"val_loss_batch_*", "nats/token", Better::none, Gate::report, 0, 0, "validation loss of one batch"},
       {"projection_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "bytes of every quantized projection"},
       {"projection_bytes_fp32", "bytes", Better::none, Gate::report, 0, 0, "the same in fp32"},
       {"bits_per_weight", "bits", Better::lower, Gate::exact, 0, 0, "of the projections"},
+      {"model_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
+       "the whole model: quantized projections, the embedding, lm_head and norms in fp16"},
+      {"model_bytes_fp16", "bytes", Better::none, Gate::report, 0, 0, "the whole model in fp16"},
   };
   // error() is the weights' relative L2 reconstruction error. RTN (the reference) rounds each weight to
   // the nearest code, so its error is bounded by the format's step: at most 0.5 for 4-bit formats on
@@ -365,10 +455,11 @@ void register_technique(Registry& r) {
     std::snprintf(buf, sizeof buf, "weight rel_l2 %.3e vs bound %.3e", e.rel_l2, bound);
     return Verdict{e.rel_l2 <= bound, buf};
   };
-  t.description = "every projection of the trained small model quantized (RTN, GPTQ, AWQ): validation perplexity";
+  t.description = "every projection of the trained small model or of SmolLM2-135M quantized (RTN, GPTQ, AWQ): "
+                  "validation perplexity";
   t.validate = [](const Case& c) {
     parse_spec(c.text("format"));
-    model::config_from_json(c.params);
+    if (c.text("model", "trained") == "trained") model::config_from_json(c.params);
   };
   t.prepare = prepare;
   for (const char* q : {"rtn", "gptq", "awq"}) {
@@ -390,6 +481,10 @@ void register_technique(Registry& r) {
   t.claims["int8-lossless"] = check_int8_lossless;
   t.claims["int4-mmlu"] = check_int4_mmlu;
   t.claims["awq-robust"] = check_awq_robust;
+  // The same claims answered on the pretrained model (suite quant_model_smollm2).
+  t.claims["int8-lossless-smollm2"] = check_int8_lossless;
+  t.claims["int4-mmlu-smollm2"] = check_int4_mmlu;
+  t.claims["awq-robust-smollm2"] = check_awq_robust;
   r.add(std::move(t));
 }
 
