@@ -639,20 +639,29 @@ def quant_figures(cases):
     return figs
 
 
+QUANT_MODEL_NAMES = {"trained": "the trained small model", "smollm2": "SmolLM2-135M"}
+
+
 def quant_model_figures(cases):
-    pts, err = [], []
-    for c in cases:
-        v, b = c.counters.get("perplexity_rel_delta"), c.counters.get("bits_per_weight")
-        if c.ok and _isnum(v) and _isnum(b):
-            pts.append((b, 100 * v, c.impl, c.params.get("format", "?")))
-            se = c.counters.get("perplexity_rel_delta_se")
-            err.append((100 * se, 100 * se) if _isnum(se) else (0, 0))
-    if not pts:
-        return []
-    img = scatter_labelled(pts, "quant_model: bits per weight vs perplexity change", "bits per weight (projections)",
-                           "perplexity vs fp32 (%)", ylog=False, yerr=err)
-    return [figure("Validation perplexity relative to the fp32 model, +- one standard error over the evaluation "
-                   "batches; colour = quantizer, marker = format.", img)]
+    """One bits-vs-perplexity scatter per model (the small trained model, SmolLM2): their perplexity
+    changes differ by orders of magnitude and must not share an axis."""
+    figs = []
+    for model in sorted({c.params.get("model", "trained") for c in cases}):
+        pts, err = [], []
+        for c in cases:
+            v, b = c.counters.get("perplexity_rel_delta"), c.counters.get("bits_per_weight")
+            if c.params.get("model", "trained") == model and c.ok and _isnum(v) and _isnum(b):
+                pts.append((b, 100 * v, c.impl, c.params.get("format", "?")))
+                se = c.counters.get("perplexity_rel_delta_se")
+                err.append((100 * se, 100 * se) if _isnum(se) else (0, 0))
+        if not pts:
+            continue
+        name = QUANT_MODEL_NAMES.get(model, model)
+        img = scatter_labelled(pts, f"quant_model ({name}): bits per weight vs perplexity change",
+                               "bits per weight (projections)", "perplexity vs fp32 (%)", ylog=False, yerr=err)
+        figs.append(figure(f"{esc(name)}: validation perplexity relative to its fp32 model, +- one standard error "
+                           "over the evaluation batches; colour = quantizer, marker = format.", img))
+    return figs
 
 
 TAG_ORDER = ["weights", "master", "grads", "optimizer", "activations", "workspace", "io", "kv", "other"]
