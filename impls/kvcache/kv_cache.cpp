@@ -1,0 +1,251 @@
+#include "impls/kvcache/kv_cache.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.hpp"
+#include "impls/quant/formats.hpp"
+
+namespace memtrade::kvcache {
+
+const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::f32: return "fp32";
+    case KvType::bf16: return "bf16";
+    case KvType::f16: return "fp16";
+    case KvType::int8: return "int8";
+    case KvType::fp8_e4m3: return "fp8-e4m3";
+  }
+  return "?";
+}
+
+KvType parse_kv_type(const std::string& s) {
+  for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3})
+    if (s == kv_type_name(t)) return t;
+  throw Error("unknown KV cache dtype \"" + s + "\" (fp32, bf16, fp16, int8, fp8-e4m3)");
+}
+
+int64_t KvShape::elem_bytes() const {
+  switch (type) {
+    case KvType::f32: return 4;
+    case KvType::bf16: case KvType::f16: return 2;
+    case KvType::int8: case KvType::fp8_e4m3: return 1;
+  }
+  return 4;
+}
+
+void encode_head(KvType t, const float* x, int64_t n, uint8_t* r) {
+  switch (t) {
+    case KvType::f32: std::memcpy(r, x, n * 4); return;
+    case KvType::bf16:
+    case KvType::f16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t b = t == KvType::bf16 ? to_bf16(x[i]).bits : to_f16(x[i]).bits;
+        std::memcpy(r + 2 * i, &b, 2);
+      }
+      return;
+    case KvType::int8:
+    case KvType::fp8_e4m3: {
+      float amax = 0;
+      bool finite = true;
+      for (int64_t i = 0; i < n; ++i) {
+        finite = finite && std::isfinite(x[i]);
+        amax = std::max(amax, std::abs(x[i]));
+      }
+      const float qmax = t == KvType::int8 ? 127.f : quant::fp8_e4m3_max;
+      const float s = finite ? amax / qmax : NAN;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = s > 0 ? x[i] / s : 0.f;  // a zero or non-finite scale stores zero codes
+        r[i] = t == KvType::int8 ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::rint(v), -127.f, 127.f)))
+                                 : quant::fp8_e4m3_encode(v);
+      }
+      std::memcpy(r + n, &s, 4);
+      return;
+    }
+  }
+}
+
+void decode_head(KvType t, const uint8_t* r, int64_t n, float* x) {
+  switch (t) {
+    case KvType::f32: std::memcpy(x, r, n * 4); return;
+    case KvType::bf16:
+    case KvType::f16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, r + 2 * i, 2);
+        x[i] = t == KvType::bf16 ? to_float(bf16_t{b}) : to_float(f16_t{b});
+      }
+      return;
+    case KvType::int8:
+    case KvType::fp8_e4m3: {
+      float s;
+      std::memcpy(&s, r + n, 4);
+      for (int64_t i = 0; i < n; ++i)
+        x[i] = s * (t == KvType::int8 ? static_cast<float>(static_cast<int8_t>(r[i])) : quant::fp8_e4m3_decode(r[i]));
+      return;
+    }
+  }
+}
+
+int64_t KvCache::used_bytes() const {
+  int64_t n = 0;
+  for (int64_t r : live_requests()) n += length(r);
+  return n * shape_.token_bytes();
+}
+
+// ---- contiguous ----
+
+const ContiguousCache::Req& ContiguousCache::at(int64_t req) const {
+  MT_CHECK(req >= 0 && req < static_cast<int64_t>(reqs_.size()) && reqs_[req].live,
+           "kv cache: no live request " + std::to_string(req));
+  return reqs_[req];
+}
+
+int64_t ContiguousCache::add(int64_t max_tokens) {
+  MT_CHECK(max_tokens > 0, "kv cache: a request needs max_tokens > 0");
+  Req r;
+  try {
+    r.buf = Buffer(dev_.memory(), static_cast<std::size_t>(max_tokens * shape_.token_bytes()), Tag::kv);
+  } catch (const OutOfMemory&) {
+    return -1;
+  }
+  r.max = max_tokens;
+  r.live = true;
+  reqs_.push_back(std::move(r));
+  return static_cast<int64_t>(reqs_.size()) - 1;
+}
+
+bool ContiguousCache::append(int64_t req) {
+  Req& r = const_cast<Req&>(at(req));
+  if (r.len == r.max) return false;
+  ++r.len;
+  return true;
+}
+
+void ContiguousCache::release(int64_t req) {
+  Req& r = const_cast<Req&>(at(req));
+  r.buf = Buffer();
+  r.live = false;
+  r.len = 0;
+}
+
+uint8_t* ContiguousCache::entry(int64_t req, int64_t layer, int64_t pos) {
+  const Req& r = at(req);
+  MT_CHECK(pos >= 0 && pos < r.len && layer >= 0 && layer < shape_.layers, "kv cache: entry out of range");
+  return r.buf.as<uint8_t>() + (layer * r.max + pos) * shape_.entry_bytes();
+}
+
+void ContiguousCache::runs(int64_t req, int64_t layer, const RunFn& fn) const {
+  const Req& r = at(req);
+  if (r.len > 0) fn(r.buf.as<uint8_t>() + layer * r.max * shape_.entry_bytes(), 0, r.len);
+}
+
+int64_t ContiguousCache::reserved_bytes() const {
+  int64_t n = 0;
+  for (const Req& r : reqs_)
+    if (r.live) n += r.max * shape_.token_bytes();
+  return n;
+}
+
+std::vector<int64_t> ContiguousCache::live_requests() const {
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < reqs_.size(); ++i)
+    if (reqs_[i].live) out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
+// ---- paged ----
+
+PagedCache::PagedCache(Device& dev, const KvShape& s, int64_t block_tokens, int64_t num_blocks)
+    : KvCache(s), block_tokens_(block_tokens), num_blocks_(num_blocks) {
+  MT_CHECK(block_tokens > 0 && num_blocks > 0 && num_blocks < (int64_t{1} << 31),
+           "kv cache: block_tokens and num_blocks must be positive");
+  pool_ = Buffer(dev.memory(), static_cast<std::size_t>(num_blocks * block_bytes()), Tag::kv);
+  refs_.assign(static_cast<std::size_t>(num_blocks), 0);
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));  // pops block 0 first
+}
+
+const PagedCache::Req& PagedCache::at(int64_t req) const {
+  MT_CHECK(req >= 0 && req < static_cast<int64_t>(reqs_.size()) && reqs_[req].live,
+           "kv cache: no live request " + std::to_string(req));
+  return reqs_[req];
+}
+
+uint8_t* PagedCache::block_ptr(int32_t b, int64_t layer) const {
+  return pool_.as<uint8_t>() + b * block_bytes() + layer * block_tokens_ * shape_.entry_bytes();
+}
+
+int64_t PagedCache::add(int64_t max_tokens) {
+  MT_CHECK(max_tokens > 0, "kv cache: a request needs max_tokens > 0");
+  Req r;
+  r.live = true;
+  reqs_.push_back(std::move(r));
+  return static_cast<int64_t>(reqs_.size()) - 1;
+}
+
+bool PagedCache::append(int64_t req) {
+  Req& r = const_cast<Req&>(at(req));
+  const int64_t slot = r.len % block_tokens_;
+  if (slot == 0) {  // a new block
+    if (free_.empty()) return false;
+    const int32_t b = free_.back();
+    free_.pop_back();
+    refs_[b] = 1;
+    r.table.push_back(b);
+  } else if (refs_[r.table.back()] > 1) {  // copy on write: the last block is shared with a fork
+    if (free_.empty()) return false;
+    const int32_t old = r.table.back(), b = free_.back();
+    free_.pop_back();
+    refs_[b] = 1;
+    --refs_[old];
+    for (int64_t l = 0; l < shape_.layers; ++l)
+      std::memcpy(block_ptr(b, l), block_ptr(old, l), static_cast<std::size_t>(slot * shape_.entry_bytes()));
+    r.table.back() = b;
+  }
+  ++r.len;
+  return true;
+}
+
+int64_t PagedCache::fork(int64_t req) {
+  Req copy = at(req);
+  for (int32_t b : copy.table) ++refs_[b];
+  reqs_.push_back(std::move(copy));
+  return static_cast<int64_t>(reqs_.size()) - 1;
+}
+
+void PagedCache::release(int64_t req) {
+  Req& r = const_cast<Req&>(at(req));
+  for (int32_t b : r.table)
+    if (--refs_[b] == 0) free_.push_back(b);
+  r.table.clear();
+  r.len = 0;
+  r.live = false;
+}
+
+uint8_t* PagedCache::entry(int64_t req, int64_t layer, int64_t pos) {
+  const Req& r = at(req);
+  MT_CHECK(pos >= 0 && pos < r.len && layer >= 0 && layer < shape_.layers, "kv cache: entry out of range");
+  return block_ptr(r.table[pos / block_tokens_], layer) + (pos % block_tokens_) * shape_.entry_bytes();
+}
+
+void PagedCache::runs(int64_t req, int64_t layer, const RunFn& fn) const {
+  const Req& r = at(req);
+  for (std::size_t i = 0; i < r.table.size(); ++i) {
+    const int64_t first = static_cast<int64_t>(i) * block_tokens_;
+    fn(block_ptr(r.table[i], layer), first, std::min(block_tokens_, r.len - first));
+  }
+}
+
+int64_t PagedCache::reserved_bytes() const {
+  return (num_blocks_ - static_cast<int64_t>(free_.size())) * block_bytes();
+}
+
+std::vector<int64_t> PagedCache::live_requests() const {
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < reqs_.size(); ++i)
+    if (reqs_[i].live) out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
+}  // namespace memtrade::kvcache

@@ -1,0 +1,137 @@
+// The inference KV cache: the keys and values of every token a request has seen, per layer, in one of
+// two layouts and one of five storage types.
+//
+// Storage of one head vector (head_dim values), a "head record":
+//   fp32 / bf16 / fp16   head_dim values (bf16/fp16 rounded to nearest even)
+//   int8                 head_dim int8 codes q = rint(x / s) in [-127, 127], then the fp32 scale
+//                        s = amax / 127 of that vector (per token and head: quantized on write)
+//   fp8-e4m3             head_dim OCP E4M3 codes of x / s (nearest even, saturating), then s = amax / 448
+// A vector of zeros stores s = 0 and decodes to zeros; a NaN or Inf element makes the scale non-finite
+// and the whole vector decodes to NaN (a defined, visible result).
+//
+// A token's entry at one layer is [K, V] x kv_heads head records: 2 * kv_heads * head_bytes bytes.
+// Layouts (all bytes from the device's tracked pool, tag kv):
+//   contiguous (the reference: what naive serving stacks do)  each request reserves its maximum length
+//       up front: [layers][max_tokens][entry];
+//   paged (vLLM's PagedAttention)  a pool of fixed-size blocks allocated once; a block holds
+//       [layers][block_tokens][entry]; each request has a block table (its logical block i lives in
+//       physical block table[i]); blocks come from a free list as the request grows, carry reference
+//       counts so that fork() shares a prefix, are copied on write when a request appends into a
+//       block another request still holds, and return to the free list when the last holder releases.
+// Running out of blocks is a refusal (add/append return false), never a crash: the scheduler waits or
+// preempts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/device.hpp"
+
+namespace memtrade::kvcache {
+
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3 };
+const char* kv_type_name(KvType t);
+KvType parse_kv_type(const std::string& s);  // "fp32", "bf16", "fp16", "int8", "fp8-e4m3"; Error otherwise
+
+struct KvShape {
+  int64_t layers = 0, kv_heads = 0, head_dim = 0;
+  KvType type = KvType::f32;
+  int64_t elem_bytes() const;
+  bool scaled() const { return type == KvType::int8 || type == KvType::fp8_e4m3; }
+  int64_t head_bytes() const { return head_dim * elem_bytes() + (scaled() ? 4 : 0); }
+  int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
+  int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
+};
+
+// One head vector to and from its record.
+void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record);
+void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x);
+
+class KvCache {
+ public:
+  explicit KvCache(const KvShape& s) : shape_(s) {}
+  virtual ~KvCache() = default;
+  const KvShape& shape() const { return shape_; }
+
+  // A new request of at most max_tokens tokens; its id, or -1 when there is no memory for it.
+  virtual int64_t add(int64_t max_tokens) = 0;
+  // Grows the request by one token (the slot is written through entry()); false when no memory is left.
+  virtual bool append(int64_t req) = 0;
+  virtual void release(int64_t req) = 0;
+  virtual int64_t length(int64_t req) const = 0;
+  // Token pos's [K, V] x kv_heads records at `layer`; writable only for the request's last token.
+  virtual uint8_t* entry(int64_t req, int64_t layer, int64_t pos) = 0;
+  // The request's tokens at `layer` as runs of consecutive entries: fn(first entry, first pos, count).
+  using RunFn = std::function<void(const uint8_t*, int64_t, int64_t)>;
+  virtual void runs(int64_t req, int64_t layer, const RunFn& fn) const = 0;
+  // Bytes the cache holds for requests now (reserved or in their blocks), and of their tokens.
+  virtual int64_t reserved_bytes() const = 0;
+  int64_t used_bytes() const;
+  virtual std::vector<int64_t> live_requests() const = 0;
+
+ protected:
+  KvShape shape_;
+};
+
+class ContiguousCache final : public KvCache {
+ public:
+  ContiguousCache(Device& dev, const KvShape& s) : KvCache(s), dev_(dev) {}
+  int64_t add(int64_t max_tokens) override;
+  bool append(int64_t req) override;
+  void release(int64_t req) override;
+  int64_t length(int64_t req) const override { return at(req).len; }
+  uint8_t* entry(int64_t req, int64_t layer, int64_t pos) override;
+  void runs(int64_t req, int64_t layer, const RunFn& fn) const override;
+  int64_t reserved_bytes() const override;
+  std::vector<int64_t> live_requests() const override;
+
+ private:
+  struct Req {
+    Buffer buf;
+    int64_t max = 0, len = 0;
+    bool live = false;
+  };
+  const Req& at(int64_t req) const;
+  Device& dev_;
+  std::vector<Req> reqs_;
+};
+
+class PagedCache final : public KvCache {
+ public:
+  // Allocates num_blocks blocks of block_tokens tokens at once (OutOfMemory when the pool cannot).
+  PagedCache(Device& dev, const KvShape& s, int64_t block_tokens, int64_t num_blocks);
+  int64_t add(int64_t max_tokens) override;  // takes no block until the first append
+  bool append(int64_t req) override;
+  void release(int64_t req) override;
+  int64_t length(int64_t req) const override { return at(req).len; }
+  uint8_t* entry(int64_t req, int64_t layer, int64_t pos) override;
+  void runs(int64_t req, int64_t layer, const RunFn& fn) const override;
+  int64_t reserved_bytes() const override;
+  std::vector<int64_t> live_requests() const override;
+
+  // A new request sharing all of req's tokens (their blocks' reference counts go up).
+  int64_t fork(int64_t req);
+  int64_t block_tokens() const { return block_tokens_; }
+  int64_t block_bytes() const { return block_tokens_ * shape_.token_bytes(); }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t num_blocks() const { return num_blocks_; }
+  const std::vector<int32_t>& table(int64_t req) const { return at(req).table; }
+  int32_t refcount(int32_t block) const { return refs_.at(block); }
+
+ private:
+  struct Req {
+    std::vector<int32_t> table;
+    int64_t len = 0;
+    bool live = false;
+  };
+  const Req& at(int64_t req) const;
+  uint8_t* block_ptr(int32_t b, int64_t layer) const;
+  int64_t block_tokens_, num_blocks_;
+  Buffer pool_;
+  std::vector<int32_t> free_, refs_;
+  std::vector<Req> reqs_;
+};
+
+}  // namespace memtrade::kvcache

@@ -1,0 +1,386 @@
+// Two techniques of the inference KV cache (kv_cache.hpp):
+//
+// `kvcache`: the decode-attention kernel over a cache of `batch` requests of `context` tokens each (one
+// layer), keys and values N(0, 1) (seeded), stored in `kv_dtype`, one new query per request. The oracle
+// is the float64 attention over the same stored (dequantized) records, so the error measures the
+// kernel's arithmetic; the storage type's own error is what kvcache_model measures. Implementations:
+// contiguous (reference: each request's tokens in one reserved range) and paged (blocks of `block`
+// tokens from a pool, appended round-robin across the requests so that their blocks interleave as a
+// server's do). Time per decode step; bandwidth over the K/V bytes read.
+//
+// `kvcache_model`: SmolLM2-135M (model/gguf_model.hpp) run by the decoder (decoder.hpp), teacher forced
+// through the cache token by token on validation windows of the tokenized fortunes corpus, per KV
+// storage type: perplexity against the full-sequence fp32 forward's on the same windows, and the exact
+// KV bytes per token. Skipped, naming the fetch command, without the model file.
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+
+#include "datasets/random.hpp"
+#include "harness/claims.hpp"
+#include "harness/registry.hpp"
+#include "impls/kvcache/decode_attention.hpp"
+#include "impls/kvcache/decoder.hpp"
+#include "model/gguf_model.hpp"
+#include "model/train.hpp"
+#include "model/train_case.hpp"
+
+namespace memtrade::kvcache {
+
+void register_technique(Registry& r);
+
+namespace {
+
+// ---- kvcache: the decode kernel ----
+
+struct DecodeProblem final : Problem {
+  KvShape shape;
+  int64_t batch = 0, context = 0, heads = 0, block = 16;
+  std::vector<float> k, v, q;  // k, v: [batch][context][kv_heads][hd]; q: [batch][heads][hd]
+  std::vector<double> oracle;  // [batch][heads][hd]
+};
+
+// Fills a cache with the problem's tokens, appending round-robin across requests.
+std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
+  std::vector<int64_t> reqs;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t r = c.add(p.context);
+    if (r < 0) throw OutOfMemory("device", "kv", static_cast<std::size_t>(p.context * p.shape.token_bytes()), 0, 0);
+    reqs.push_back(r);
+  }
+  const int64_t hd = p.shape.head_dim, kvh = p.shape.kv_heads;
+  for (int64_t t = 0; t < p.context; ++t)
+    for (int64_t b = 0; b < p.batch; ++b) {
+      MT_CHECK(c.append(reqs[b]), "kvcache: the cache refused a token it was sized for");
+      uint8_t* e = c.entry(reqs[b], 0, t);
+      for (int64_t h = 0; h < kvh; ++h) {
+        const int64_t off = ((b * p.context + t) * kvh + h) * hd;
+        encode_head(p.shape.type, &p.k[off], hd, e + h * p.shape.head_bytes());
+        encode_head(p.shape.type, &p.v[off], hd, e + (kvh + h) * p.shape.head_bytes());
+      }
+    }
+  return reqs;
+}
+
+std::unique_ptr<Problem> prepare_decode(const Case& c) {
+  auto p = std::make_unique<DecodeProblem>();
+  p->batch = c.integer("batch");
+  p->context = c.integer("context");
+  p->heads = c.integer("heads");
+  p->block = c.integer("block", 16);
+  p->shape = KvShape{1, c.integer("kv_heads"), c.integer("head_dim"), parse_kv_type(c.text("kv_dtype"))};
+  MT_CHECK(p->heads % p->shape.kv_heads == 0 && p->shape.head_dim <= 256,
+           "case " + c.id + ": heads must be a multiple of kv_heads, head_dim at most 256");
+  const uint64_t seed = static_cast<uint64_t>(c.integer("seed", 1));
+  const int64_t n = p->batch * p->context * p->shape.kv_heads * p->shape.head_dim;
+  p->k.resize(n);
+  p->v.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p->k[i] = static_cast<float>(datasets::normal(seed, 2 * i));
+    p->v[i] = static_cast<float>(datasets::normal(seed, 2 * i + 1));
+  }
+  p->q.resize(p->batch * p->heads * p->shape.head_dim);
+  for (std::size_t i = 0; i < p->q.size(); ++i) p->q[i] = static_cast<float>(datasets::normal(seed + 1, i));
+  auto dev = make_cpu_device();
+  ContiguousCache cache(*dev, p->shape);
+  const auto reqs = fill(cache, *p);
+  const int64_t per = p->heads * p->shape.head_dim;
+  p->oracle.resize(p->batch * per);
+  for (int64_t b = 0; b < p->batch; ++b)
+    decode_attention_ref(cache, reqs[b], 0, &p->q[b * per], p->heads, &p->oracle[b * per]);
+  return p;
+}
+
+class DecodeWorkload final : public Workload {
+ public:
+  DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev) : p_(p) {
+    if (dev.backend() != Backend::cpu) throw Skip("the KV cache kernels run on the CPU (the CUDA paged kernel is not written yet)");
+    if (paged)
+      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * ((p.context + p.block - 1) / p.block));
+    else
+      cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
+    reqs_ = fill(*cache_, p);
+    out_ = Buffer(dev.memory(), p.oracle.size() * sizeof(float), Tag::io);
+  }
+  void run() override { decode_attention(*cache_, reqs_, 0, p_.q.data(), p_.heads, out_.as<float>()); }
+  ErrorStats error() override {
+    const float* o = out_.as<float>();
+    return error_stats(std::vector<double>(o, o + p_.oracle.size()), p_.oracle);
+  }
+  Work work() const override {
+    Work w;
+    w.bytes = static_cast<double>(p_.batch * p_.context * p_.shape.entry_bytes());
+    w.flops = 4.0 * static_cast<double>(p_.batch * p_.heads * p_.context * p_.shape.head_dim);
+    w.items = static_cast<double>(p_.batch);
+    w.item_unit = "tokens";
+    return w;
+  }
+  void add_counters(std::map<std::string, double>& c) override {
+    c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
+    c["kv_bytes_read"] = static_cast<double>(p_.batch * p_.context * p_.shape.entry_bytes());
+    c["kv_reserved_bytes"] = static_cast<double>(cache_->reserved_bytes());
+    c["kv_utilization"] = static_cast<double>(cache_->used_bytes()) / static_cast<double>(cache_->reserved_bytes());
+  }
+
+ private:
+  const DecodeProblem& p_;
+  std::unique_ptr<KvCache> cache_;
+  std::vector<int64_t> reqs_;
+  Buffer out_;
+};
+
+// ---- kvcache_model: perplexity through the cache ----
+
+struct ModelData {
+  model::Pretrained m;
+  datasets::Corpus corpus;
+  std::vector<int32_t> tokens;
+  std::size_t val_start = 0;
+};
+
+std::shared_ptr<const ModelData> smollm2(const Case& c) {
+  static std::mutex mu;
+  static std::shared_ptr<const ModelData> cached;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cached) return cached;
+  const auto path = model::smollm2_path();
+  if (!std::filesystem::exists(path))
+    throw Skip(path.string() + " is absent: run " + std::string(model::kFetchModelsCommand));
+  auto d = std::make_shared<ModelData>(ModelData{model::load_gguf_model(path), {}, {}, 0});
+  model::TrainCase corpus_case;
+  corpus_case.corpus_dir = c.text("corpus_dir", "");
+  corpus_case.corpus_sha256 = c.text("corpus_sha256", "");
+  d->corpus = model::load_case_corpus(corpus_case);
+  d->tokens = d->m.tokenizer.encode(std::string_view(reinterpret_cast<const char*>(d->corpus.bytes.data()), d->corpus.bytes.size()));
+  d->val_start = d->tokens.size() * 9 / 10;
+  return cached = d;
+}
+
+struct QualityProblem final : Problem {
+  std::shared_ptr<const ModelData> data;
+  KvShape shape;
+  datasets::Batch windows;            // batch x seq validation tokens
+  std::vector<double> full_losses;    // per (row, position), from the full-sequence fp32 forward
+  int64_t block = 16;
+};
+
+std::unique_ptr<Problem> prepare_quality(const Case& c) {
+  auto p = std::make_unique<QualityProblem>();
+  p->data = smollm2(c);
+  const model::Config& cfg = p->data->m.cfg;
+  p->shape = KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), parse_kv_type(c.text("kv_dtype"))};
+  p->block = c.integer("block", 16);
+  const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
+  p->windows = datasets::sample_batch(std::span<const int32_t>(p->data->tokens).subspan(p->data->val_start), batch, seq,
+                                      static_cast<uint64_t>(c.integer("seed", 1)) + 1000, 0);
+  // The reference losses: the full-sequence forward (model/train_core.hpp) in fp32, one row at a time.
+  auto dev = make_cpu_device();
+  model::TrainOptions o;
+  o.batch = 1;
+  o.seq = seq;
+  o.inference_only = true;
+  auto tr = model::make_trainer_cpu(cfg, o, *dev, p->data->m.params);
+  for (int64_t b = 0; b < batch; ++b) {
+    datasets::Batch row{{p->windows.inputs.begin() + b * seq, p->windows.inputs.begin() + (b + 1) * seq},
+                        {p->windows.targets.begin() + b * seq, p->windows.targets.begin() + (b + 1) * seq}, 1, seq};
+    const std::vector<float> z = tr->logits(row);
+    const int64_t V = cfg.vocab;
+    for (int64_t t = 0; t < seq; ++t) {
+      double mx = z[t * V], sum = 0;
+      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(z[t * V + j]));
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(z[t * V + j] - mx);
+      p->full_losses.push_back(std::log(sum) + mx - z[t * V + row.targets[t]]);
+    }
+  }
+  return p;
+}
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+class QualityWorkload final : public Workload {
+ public:
+  QualityWorkload(const QualityProblem& p, bool paged, Device& dev) : p_(p) {
+    if (dev.backend() != Backend::cpu) throw Skip("the decoder runs on the CPU");
+    const int64_t B = p.windows.batch, T = p.windows.context;
+    if (paged)
+      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, B * ((T + p.block - 1) / p.block));
+    else
+      cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
+    decoder_ = std::make_unique<Decoder>(dev, p.data->m.cfg, p.data->m.params, *cache_);
+  }
+  void run() override { losses_ = teacher_forced_losses(*decoder_, *cache_, p_.windows); }
+  // The per-token losses against the full-sequence fp32 forward's (not a float64 oracle: a float64
+  // forward of the 135M model is out of reach here); perplexities are counters.
+  ErrorStats error() override { return error_stats(losses_, p_.full_losses); }
+  Work work() const override {
+    Work w;
+    w.items = static_cast<double>(p_.windows.batch * p_.windows.context);
+    w.item_unit = "tokens";
+    return w;
+  }
+  void add_counters(std::map<std::string, double>& c) override {
+    const double full = mean_of(p_.full_losses), got = mean_of(losses_);
+    c["perplexity"] = std::exp(got);
+    c["perplexity_full_fp32"] = std::exp(full);
+    c["perplexity_rel_delta"] = std::exp(got - full) - 1;
+    // Paired over the windows: the standard error of the mean per-window loss difference.
+    const int64_t B = p_.windows.batch, T = p_.windows.context;
+    std::vector<double> d(B);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) d[b] += (losses_[b * T + t] - p_.full_losses[b * T + t]) / static_cast<double>(T);
+    }
+    if (B >= 2) {
+      const double m = mean_of(d);
+      double ss = 0;
+      for (double x : d) ss += (x - m) * (x - m);
+      c["perplexity_rel_delta_se"] = std::exp(got - full) * std::sqrt(ss / static_cast<double>(B - 1) / static_cast<double>(B));
+    }
+    c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
+    KvShape bf16 = p_.shape;
+    bf16.type = KvType::bf16;
+    c["kv_bytes_per_token_bf16"] = static_cast<double>(bf16.token_bytes());
+  }
+  std::string detail() override {
+    return p_.data->m.name + "; corpus " + p_.data->corpus.source + " sha256 " + p_.data->corpus.sha256 +
+           "; validation windows from token " + std::to_string(p_.data->val_start);
+  }
+
+ private:
+  const QualityProblem& p_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Decoder> decoder_;
+  std::vector<double> losses_;
+};
+
+// kv-fp8: "FP8/INT8 KV halves KV memory with negligible loss": per 8-bit type, the perplexity change
+// against the fp32 cache's (band from the suite) and the bytes per token against bf16's.
+ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Band band = claim_band(spec);
+  auto find = [&](const std::string& dt) -> const Record* {
+    for (const auto& r : recs)
+      if (r.technique == "kvcache_model" && r.impl == "paged" && r.status == "ok" && r.kase.params.value("kv_dtype", "") == dt)
+        return &r;
+    return nullptr;
+  };
+  const Record* base = find("fp32");
+  if (!base) return {"", "out_of_scope", "needs the fp32 kvcache_model case"};
+  std::string measured;
+  std::vector<std::string> verdicts;
+  char buf[256];
+  for (const char* dt : {"int8", "fp8-e4m3"}) {
+    const Record* r = find(dt);
+    if (!r) continue;
+    const double v = std::exp(std::log(r->counter("perplexity")) - std::log(base->counter("perplexity"))) - 1;
+    const double u = 2 * r->counter("perplexity_rel_delta_se", NAN);
+    const double bytes = r->counter("kv_bytes_per_token") / r->counter("kv_bytes_per_token_bf16");
+    const std::string verdict = decide(v, u, band);
+    std::snprintf(buf, sizeof buf, "%s: perplexity %+.3f%% +- %.3f%% vs the fp32 cache, %.4f x bf16's bytes per token (%s); ",
+                  dt, 100 * v, 100 * u, bytes, verdict.c_str());
+    measured += buf;
+    verdicts.push_back(verdict);
+  }
+  if (verdicts.empty()) return {"", "out_of_scope", "needs int8 or fp8-e4m3 kvcache_model cases"};
+  return {measured, combine_verdicts(verdicts),
+          "band " + band.str() + " on the perplexity change; per-token-per-head amax scales computed on write (no "
+          "calibration); the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
+}
+
+}  // namespace
+
+void register_technique(Registry& r) {
+  {
+    Technique t;
+    t.name = "kvcache";
+    t.description = "decode attention over a contiguous or a paged KV cache, per storage type";
+    t.schema.params = {
+        int_param("batch", "requests decoded together"),
+        int_param("context", "cached tokens per request"),
+        int_param("heads", "query heads"),
+        int_param("kv_heads", "key/value heads (divide heads)"),
+        int_param("head_dim", "head dimension", nullptr, 1, 256),
+        text_param("kv_dtype", "storage of K and V", nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3"}),
+        int_param("block", "tokens per block of the paged cache", 16),
+        int_param("seed", "K, V and Q", 1, 0),
+    };
+    t.schema.metrics = {
+        {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0, "K and V of one token at every layer"},
+        {"kv_bytes_read", "bytes", Better::none, Gate::report, 0, 0, "cache bytes one decode step reads"},
+        {"kv_reserved_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "what the cache holds for the requests"},
+        {"kv_utilization", "1", Better::higher, Gate::report, 0, 0, "bytes of the tokens / bytes reserved"},
+    };
+    // The reference kernel accumulates in fp32: the q.k dot over head_dim terms and the weighted sum of
+    // values over context terms, each within gamma_k = k u (u = 2^-24) of exact, plus a few ulps of exp.
+    t.error_rule.reference_bound = [](const Case& c, const Problem&) {
+      return 2.0 * static_cast<double>(c.integer("head_dim") + c.integer("context") + 8) * std::ldexp(1.0, -24);
+    };
+    t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
+    t.prepare = prepare_decode;
+    t.impls.push_back(typed_impl<DecodeProblem>(t.name, "contiguous", Role::reference, Backend::cpu,
+                                                "fp32 online-softmax kernel over per-request reserved ranges",
+                                                [](const DecodeProblem& p, Device& d) {
+                                                  return std::make_unique<DecodeWorkload>(p, false, d);
+                                                }));
+    t.impls.push_back(typed_impl<DecodeProblem>(t.name, "paged", Role::optimized, Backend::cpu,
+                                                "the same kernel over block tables of a shared block pool",
+                                                [](const DecodeProblem& p, Device& d) {
+                                                  return std::make_unique<DecodeWorkload>(p, true, d);
+                                                }));
+    r.add(std::move(t));
+  }
+  {
+    Technique t;
+    t.name = "kvcache_model";
+    t.description = "SmolLM2-135M teacher forced through the KV cache per storage type: perplexity and bytes";
+    t.schema.params = {
+        text_param("model", "the model", "smollm2", {"smollm2"}),
+        text_param("kv_dtype", "storage of K and V", nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3"}),
+        int_param("batch", "validation windows decoded together", 4),
+        int_param("seq", "tokens per window", 128),
+        int_param("block", "tokens per block of the paged cache", 16),
+        int_param("seed", "window sampling", 1, 0),
+        text_param("corpus_dir", "fortunes directory; default: $MEMTRADE_FORTUNES_DIR or the Debian path", ""),
+        text_param("corpus_sha256", "the corpus checksum the case expects (a mismatch is an error)", ""),
+    };
+    t.schema.metrics = {
+        {"perplexity", "1", Better::lower, Gate::ratio, 1.01, 0, "exp(mean loss per token) through the cache"},
+        {"perplexity_full_fp32", "1", Better::none, Gate::report, 0, 0, "the full-sequence fp32 forward's"},
+        {"perplexity_rel_delta", "1", Better::lower, Gate::report, 0, 0, "change against the full forward"},
+        {"perplexity_rel_delta_se", "1", Better::none, Gate::report, 0, 0, "its standard error over the windows"},
+        {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0, "K and V of one token at every layer"},
+        {"kv_bytes_per_token_bf16", "bytes", Better::none, Gate::report, 0, 0, "the same stored in bf16"},
+    };
+    // The error is the per-token losses against the full forward's in fp32. With fp32 storage only the
+    // summation order differs, and 1e-3 is a guard, not a tolerance: a wrong position, RoPE angle or a
+    // missing token changes losses by O(1). Other storage types are judged by their perplexity (a
+    // counter, gated against the baseline), so only finiteness is checked. Paged equals contiguous
+    // bit for bit: its error may not exceed the contiguous run's.
+    t.error_rule.judge = [](const Case& c, const Problem&, const Impl& impl, const ErrorStats& e, const ErrorStats& ref) {
+      if (!e.finite()) return Verdict{false, "non-finite loss"};
+      const bool fp32 = c.text("kv_dtype") == "fp32";
+      const double bound = impl.role == Role::reference ? (fp32 ? 1e-3 : INFINITY) : ref.rel_l2;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "loss rel_l2 %.3e vs bound %.3e%s", e.rel_l2, bound,
+                    impl.role == Role::reference ? "" : " (paged must equal contiguous)");
+      return Verdict{e.rel_l2 <= bound, buf};
+    };
+    t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
+    t.prepare = prepare_quality;
+    t.impls.push_back(typed_impl<QualityProblem>(t.name, "contiguous", Role::reference, Backend::cpu,
+                                                 "decoder over per-request reserved ranges",
+                                                 [](const QualityProblem& p, Device& d) {
+                                                   return std::make_unique<QualityWorkload>(p, false, d);
+                                                 }));
+    t.impls.push_back(typed_impl<QualityProblem>(t.name, "paged", Role::optimized, Backend::cpu,
+                                                 "decoder over block tables", [](const QualityProblem& p, Device& d) {
+                                                   return std::make_unique<QualityWorkload>(p, true, d);
+                                                 }));
+    t.claims["kv-fp8"] = check_kv_fp8;
+    r.add(std::move(t));
+  }
+}
+
+}  // namespace memtrade::kvcache

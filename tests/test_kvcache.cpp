@@ -1,0 +1,244 @@
+// The KV cache: head records of every storage type, the paged allocator's bookkeeping over long random
+// sequences, copy on write, refusals, paged decode equal to contiguous decode bit for bit, and the
+// decoder's logits equal to the full-sequence forward's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+#include "datasets/random.hpp"
+#include "impls/kvcache/decode_attention.hpp"
+#include "impls/kvcache/decoder.hpp"
+#include "model/train.hpp"
+#include "model_fixtures.hpp"
+
+using namespace memtrade;
+using namespace memtrade::kvcache;
+
+namespace {
+
+constexpr KvType kTypes[] = {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3};
+
+std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(datasets::normal(seed, i));
+  return v;
+}
+
+// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos).
+void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
+  const KvShape& s = c.shape();
+  for (int64_t l = 0; l < s.layers; ++l) {
+    uint8_t* e = c.entry(r, l, pos);
+    for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
+      const auto x = normals(s.head_dim, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
+      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes());
+    }
+  }
+}
+
+}  // namespace
+
+TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
+  const int64_t hd = 64;
+  const auto x = normals(hd, 3, 5.f);
+  float amax = 0;
+  for (float v : x) amax = std::max(amax, std::abs(v));
+  for (KvType t : kTypes) {
+    const KvShape s{1, 1, hd, t};
+    std::vector<uint8_t> rec(s.head_bytes());
+    std::vector<float> y(hd);
+    encode_head(t, x.data(), hd, rec.data());
+    decode_head(t, rec.data(), hd, y.data());
+    for (int64_t i = 0; i < hd; ++i) {
+      // fp32 exact; bf16/fp16 half an ulp (2^-9 / 2^-12 relative); int8 half a step amax/127 / 2;
+      // fp8-e4m3 half an ulp of a 3-bit mantissa (2^-4 relative) or half the subnormal step.
+      const double err = std::abs(static_cast<double>(y[i]) - x[i]);
+      const double bound = t == KvType::f32    ? 0
+                           : t == KvType::bf16 ? std::ldexp(std::abs(x[i]), -8)
+                           : t == KvType::f16  ? std::ldexp(std::abs(x[i]), -11)
+                           : t == KvType::int8 ? amax / 127.0 / 2 * (1 + 1e-6)
+                                               : std::ldexp(std::abs(x[i]), -4) + std::ldexp(amax / 448.0, -9);
+      EXPECT_LE(err, bound) << kv_type_name(t) << " element " << i;
+    }
+    const std::vector<float> zeros(hd, 0.f);
+    encode_head(t, zeros.data(), hd, rec.data());
+    decode_head(t, rec.data(), hd, y.data());
+    for (float v : y) EXPECT_EQ(v, 0.f) << kv_type_name(t);
+    if (t == KvType::int8 || t == KvType::fp8_e4m3) {
+      auto bad = x;
+      bad[5] = NAN;
+      encode_head(t, bad.data(), hd, rec.data());
+      decode_head(t, rec.data(), hd, y.data());
+      for (float v : y) EXPECT_TRUE(std::isnan(v)) << kv_type_name(t) << ": a NaN input makes the whole record NaN";
+      bad[5] = std::numeric_limits<float>::infinity();
+      encode_head(t, bad.data(), hd, rec.data());
+      decode_head(t, rec.data(), hd, y.data());
+      EXPECT_TRUE(std::isnan(y[0])) << kv_type_name(t);
+    }
+  }
+  EXPECT_EQ((KvShape{30, 3, 64, KvType::int8}).token_bytes() * 2 - 30 * 2 * 3 * 4 * 2,
+            (KvShape{30, 3, 64, KvType::bf16}).token_bytes());  // half of bf16 plus the scales
+}
+
+TEST(PagedCache, RandomOperationsNeverLeakOrDoubleFreeBlocks) {
+  auto dev = make_cpu_device();
+  const KvShape s{2, 1, 4, KvType::f32};
+  PagedCache c(*dev, s, 4, 64);
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> live;
+  int64_t refusals = 0;
+  for (int step = 0; step < 5000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 2 || live.empty()) {
+      live.push_back(c.add(1000));
+    } else if (op < 7) {
+      const int64_t r = live[rng() % live.size()];
+      if (c.append(r)) write_token(c, r, c.length(r) - 1, static_cast<uint64_t>(r));
+      else ++refusals;
+    } else if (op < 8) {
+      const int64_t r = live[rng() % live.size()];
+      if (c.length(r) > 0) live.push_back(c.fork(r));
+    } else {
+      const std::size_t i = rng() % live.size();
+      c.release(live[i]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    // Bookkeeping: every block in use is referenced exactly refcount times by the live tables, and
+    // blocks in use plus free blocks make the pool.
+    std::map<int32_t, int32_t> refs;
+    for (int64_t r : live) {
+      EXPECT_EQ(static_cast<int64_t>(c.table(r).size()), (c.length(r) + 3) / 4);
+      for (int32_t b : c.table(r)) ++refs[b];
+    }
+    for (const auto& [b, n] : refs) ASSERT_EQ(c.refcount(b), n) << "block " << b << " at step " << step;
+    ASSERT_EQ(static_cast<int64_t>(refs.size()) + c.free_blocks(), c.num_blocks()) << "at step " << step;
+  }
+  EXPECT_GT(refusals, 0) << "the pool never ran out: the test does not reach the refusal path";
+  for (int64_t r : live) c.release(r);
+  EXPECT_EQ(c.free_blocks(), c.num_blocks());
+  EXPECT_EQ(c.reserved_bytes(), 0);
+}
+
+TEST(PagedCache, CopyOnWriteLeavesTheOtherRequestUntouched) {
+  auto dev = make_cpu_device();
+  const KvShape s{2, 2, 8, KvType::bf16};
+  PagedCache c(*dev, s, 4, 8);
+  const int64_t a = c.add(16);
+  for (int64_t t = 0; t < 6; ++t) {
+    ASSERT_TRUE(c.append(a));
+    write_token(c, a, t, 1);
+  }
+  const int64_t f = c.fork(a);
+  EXPECT_EQ(c.table(f), c.table(a));
+  std::vector<uint8_t> before(c.entry(a, 1, 5), c.entry(a, 1, 5) + s.entry_bytes());
+  ASSERT_TRUE(c.append(f));  // into the shared second block: copied first
+  EXPECT_NE(c.table(f)[1], c.table(a)[1]);
+  EXPECT_EQ(c.table(f)[0], c.table(a)[0]);  // the full first block stays shared
+  write_token(c, f, 6, 2);
+  ASSERT_TRUE(c.append(a));
+  write_token(c, a, 6, 3);
+  EXPECT_EQ(std::memcmp(before.data(), c.entry(a, 1, 5), s.entry_bytes()), 0);
+  EXPECT_EQ(std::memcmp(c.entry(f, 1, 5), c.entry(a, 1, 5), s.entry_bytes()), 0);  // the copied prefix
+  EXPECT_NE(std::memcmp(c.entry(f, 1, 6), c.entry(a, 1, 6), s.entry_bytes()), 0);  // their own tokens
+}
+
+TEST(KvCache, RunningOutIsARefusalNotACrash) {
+  auto dev = make_cpu_device();
+  const KvShape s{1, 1, 4, KvType::f32};
+  PagedCache p(*dev, s, 2, 2);
+  const int64_t r = p.add(100);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(p.append(r));
+  EXPECT_FALSE(p.append(r));
+  EXPECT_EQ(p.length(r), 4);
+  dev->memory().set_capacity(dev->memory().total().live + 3 * s.token_bytes());
+  ContiguousCache c(*dev, s);
+  EXPECT_GE(c.add(3), 0);
+  EXPECT_EQ(c.add(3), -1);  // no room left in the pool
+  EXPECT_THROW(c.entry(7, 0, 0), Error);
+}
+
+TEST(DecodeAttention, PagedEqualsContiguousBitForBitOverRandomBlockTables) {
+  auto dev = make_cpu_device();
+  std::mt19937_64 rng(9);
+  for (KvType t : kTypes) {
+    const KvShape s{2, 2, 32, t};
+    const int64_t heads = 6, B = 5, max_len = 300;
+    std::vector<int64_t> len(B);
+    for (int64_t b = 0; b < B; ++b) len[b] = 1 + static_cast<int64_t>(rng() % max_len);
+    len[B - 1] = max_len;
+    ContiguousCache c(*dev, s);
+    PagedCache p(*dev, s, 16, 4096);  // thousands of blocks; the requests' blocks land in random places
+    std::vector<int32_t> scratch;  // hold random blocks so that the tables are scattered
+    const int64_t hold = p.add(4096 * 16);
+    std::vector<int64_t> rc, rp;
+    for (int64_t b = 0; b < B; ++b) {
+      rc.push_back(c.add(max_len));
+      rp.push_back(p.add(max_len));
+    }
+    std::vector<int64_t> order;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < len[b]; ++i) order.push_back(b);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t b : order) {
+      for (int k = static_cast<int>(rng() % 3); k > 0; --k) p.append(hold);
+      ASSERT_TRUE(c.append(rc[b]));
+      ASSERT_TRUE(p.append(rp[b]));
+      write_token(c, rc[b], c.length(rc[b]) - 1, static_cast<uint64_t>(b));
+      write_token(p, rp[b], p.length(rp[b]) - 1, static_cast<uint64_t>(b));
+    }
+    const auto q = normals(B * heads * s.head_dim, 77);
+    std::vector<float> oc(q.size()), op(q.size());
+    for (int64_t l = 0; l < s.layers; ++l) {
+      decode_attention(c, rc, l, q.data(), heads, oc.data());
+      decode_attention(p, rp, l, q.data(), heads, op.data());
+      EXPECT_EQ(std::memcmp(oc.data(), op.data(), oc.size() * 4), 0) << kv_type_name(t) << " layer " << l;
+      for (int64_t b = 0; b < B; ++b) {
+        std::vector<double> ref(heads * s.head_dim);
+        decode_attention_ref(c, rc[b], l, &q[b * heads * s.head_dim], heads, ref.data());
+        const auto e = error_stats(std::vector<double>(op.begin() + b * heads * s.head_dim,
+                                                       op.begin() + (b + 1) * heads * s.head_dim),
+                                   ref);
+        EXPECT_LE(e.rel_l2, 2.0 * (s.head_dim + len[b] + 8) * std::ldexp(1.0, -24)) << kv_type_name(t);
+      }
+    }
+  }
+}
+
+TEST(Decoder, LogitsEqualTheFullForwardForEveryLayout) {
+  const model::Config cfg = test::tiny_model();
+  const auto w = test::test_weights(cfg, 4);
+  const int64_t T = cfg.context;
+  const datasets::Batch b = test::random_tokens(2, T, 11);
+  auto dev = make_cpu_device();
+  model::TrainOptions o = test::train_options(precision::Policy::fp32, 2, T);
+  o.inference_only = true;
+  const auto full = model::make_trainer_cpu(cfg, o, *dev, w)->logits(b);
+  for (bool paged : {false, true}) {
+    const KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
+    std::unique_ptr<KvCache> cache;
+    if (paged) cache = std::make_unique<PagedCache>(*dev, s, 3, 64);
+    else cache = std::make_unique<ContiguousCache>(*dev, s);
+    Decoder d(*dev, cfg, w, *cache);
+    const std::vector<int64_t> reqs = {cache->add(T), cache->add(T)};
+    std::vector<float> z(2 * cfg.vocab);
+    double worst = 0, scale = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<int32_t> tok = {b.inputs[t], b.inputs[T + t]};
+      d.step(reqs, tok, z.data());
+      for (int64_t r = 0; r < 2; ++r)
+        for (int64_t v = 0; v < cfg.vocab; ++v) {
+          const double want = full[(r * T + t) * cfg.vocab + v];
+          worst = std::max(worst, std::abs(z[r * cfg.vocab + v] - want));
+          scale = std::max(scale, std::abs(want));
+        }
+    }
+    // fp32 rounding through 2 layers of width 32 in another summation order: a few hundred ulps of the
+    // largest logit; a wrong position or mask moves logits by O(1).
+    EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0)) << (paged ? "paged" : "contiguous");
+  }
+}
