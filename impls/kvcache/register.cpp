@@ -289,6 +289,48 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
           "calibration); the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
 }
 
+// kv-70: "at 32K+ tokens the KV cache is over 70% of memory", answered by the memory model: per model
+// configuration of the claim's data, KV bytes = tokens x batch x 2 x layers x kv_heads x head_dim x 2
+// (fp16) against weights of params x 2 bytes, share = KV / (KV + weights). The per-token formula is
+// first checked against the run: every kvcache record's tracked KV bytes (the contiguous cache's peak of
+// tag kv) must equal batch x context x the formula's bytes, else the check is an error.
+ClaimResult check_kv70(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Band band = claim_band(spec);
+  int checked = 0;
+  for (const auto& r : recs) {
+    if (r.technique != "kvcache" || r.impl != "contiguous" || r.status != "ok") continue;
+    const Json& p = r.kase.params;
+    const KvShape s{1, p.value("kv_heads", int64_t{0}), p.value("head_dim", int64_t{0}),
+                    parse_kv_type(p.value("kv_dtype", std::string("fp32")))};
+    const double formula = static_cast<double>(p.value("batch", int64_t{0}) * p.value("context", int64_t{0}) * s.token_bytes());
+    if (r.counter("peak_bytes_kv", -1) != formula)
+      return {"", "error", "the KV formula (" + std::to_string(formula) + " bytes) differs from the tracked bytes of " + r.name};
+    ++checked;
+  }
+  if (!checked) return {"", "out_of_scope", "needs a contiguous kvcache case to check the per-token formula against"};
+  const int64_t tokens = spec.data.value("tokens", int64_t{32768});
+  std::string measured;
+  std::vector<std::string> verdicts;
+  char buf[320];
+  for (const Json& m : spec.data.at("models")) {
+    const double per_token = 2.0 * m.at("layers").get<double>() * m.at("kv_heads").get<double>() * m.at("head_dim").get<double>() * 2;
+    const double weights = 2.0 * m.at("params").get<double>();
+    auto share = [&](double t, double b) { return t * b * per_token / (t * b * per_token + weights); };
+    const double at70 = 0.7 / 0.3 * weights / per_token;  // tokens (batch 1) where the share reaches 70%
+    const std::string verdict = decide(share(static_cast<double>(tokens), 1), 0, band);
+    std::snprintf(buf, sizeof buf, "%s: %.0f%% at %lldK tokens (batch 8: %.0f%%; 128K: %.0f%%), 70%% at %.0fK tokens (%s); ",
+                  m.at("name").get<std::string>().c_str(), 100 * share(static_cast<double>(tokens), 1),
+                  static_cast<long long>(tokens / 1024), 100 * share(static_cast<double>(tokens), 8),
+                  100 * share(131072, 1), at70 / 1024, verdict.c_str());
+    measured += buf;
+    verdicts.push_back(verdict);
+  }
+  return {measured, combine_verdicts(verdicts),
+          "memory model: fp16 weights and fp16 KV only (no activations, no framework overhead), batch 1 unless noted; "
+          "the per-token formula checked against the tracked KV bytes of " + std::to_string(checked) +
+              " contiguous cases of this run; band " + band.str()};
+}
+
 }  // namespace
 
 void register_technique(Registry& r) {
@@ -329,6 +371,7 @@ void register_technique(Registry& r) {
                                                 [](const DecodeProblem& p, Device& d) {
                                                   return std::make_unique<DecodeWorkload>(p, true, d);
                                                 }));
+    t.claims["kv-70"] = check_kv70;
     r.add(std::move(t));
   }
   {
