@@ -13,6 +13,7 @@
 #include "datasets/random.hpp"
 #include "impls/kvcache/decode_attention.hpp"
 #include "impls/kvcache/decoder.hpp"
+#include "impls/kvcache/serving.hpp"
 #include "model/train.hpp"
 #include "model_fixtures.hpp"
 
@@ -241,4 +242,30 @@ TEST(Decoder, LogitsEqualTheFullForwardForEveryLayout) {
     // largest logit; a wrong position or mask moves logits by O(1).
     EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0)) << (paged ? "paged" : "contiguous");
   }
+}
+
+TEST(Serving, EveryRequestFinishesAndPagingReservesOnlyWhatIsUsed) {
+  auto dev = make_cpu_device();
+  const KvShape s{1, 1, 2, KvType::f32};
+  TraceSpec t = trace_spec("sharegpt");
+  t.requests = 60;
+  t.max_len = 512;
+  const int64_t budget = 2048;  // four contiguous reservations: paging must run more requests at once
+  ContiguousCache c(*dev, s, budget);
+  PagedCache p(*dev, s, 16, budget / 16);
+  const ServingStats sc = simulate(c, false, t, budget), sp = simulate(p, true, t, budget);
+  EXPECT_EQ(sc.finished, 60);
+  EXPECT_EQ(sp.finished, 60);
+  EXPECT_EQ(sc.max_concurrency, 4);
+  EXPECT_GT(sp.max_concurrency, sc.max_concurrency);
+  EXPECT_GT(sp.utilization, sc.utilization);
+  EXPECT_LE(sp.utilization, 1.0);
+  EXPECT_GT(sp.preemptions, 0) << "a budget this tight must preempt";
+  EXPECT_EQ(sc.preemptions, 0);
+  EXPECT_EQ(p.free_blocks(), p.num_blocks());  // everything released at the end
+  EXPECT_EQ(c.reserved_bytes(), 0);
+  // The same stream every time (seeded).
+  PagedCache p2(*dev, s, 16, budget / 16);
+  EXPECT_EQ(simulate(p2, true, t, budget).decode_tokens, sp.decode_tokens);
+  EXPECT_THROW(trace_spec("bogus"), Error);
 }

@@ -104,6 +104,7 @@ const ContiguousCache::Req& ContiguousCache::at(int64_t req) const {
 
 int64_t ContiguousCache::add(int64_t max_tokens) {
   MT_CHECK(max_tokens > 0, "kv cache: a request needs max_tokens > 0");
+  if (budget_ > 0 && reserved_bytes() + max_tokens * shape_.token_bytes() > budget_ * shape_.token_bytes()) return -1;
   Req r;
   try {
     r.buf = Buffer(dev_.memory(), static_cast<std::size_t>(max_tokens * shape_.token_bytes()), Tag::kv);

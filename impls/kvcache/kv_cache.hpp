@@ -77,7 +77,10 @@ class KvCache {
 
 class ContiguousCache final : public KvCache {
  public:
-  ContiguousCache(Device& dev, const KvShape& s) : KvCache(s), dev_(dev) {}
+  // max_tokens_total > 0: add() also refuses a request whose reservation would pass that many tokens
+  // in all (a KV memory budget inside a larger pool).
+  ContiguousCache(Device& dev, const KvShape& s, int64_t max_tokens_total = 0)
+      : KvCache(s), dev_(dev), budget_(max_tokens_total) {}
   int64_t add(int64_t max_tokens) override;
   bool append(int64_t req) override;
   void release(int64_t req) override;
@@ -95,6 +98,7 @@ class ContiguousCache final : public KvCache {
   };
   const Req& at(int64_t req) const;
   Device& dev_;
+  int64_t budget_;
   std::vector<Req> reqs_;
 };
 

@@ -1,0 +1,123 @@
+#include "impls/kvcache/serving.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+
+#include "common/common.hpp"
+#include "datasets/random.hpp"
+
+namespace memtrade::kvcache {
+
+TraceSpec trace_spec(const std::string& name) {
+  TraceSpec t;
+  if (name == "sharegpt") return t;
+  if (name == "alpaca") {
+    t.prompt_mean = 19;
+    t.output_mean = 58;
+    return t;
+  }
+  throw Error("unknown serving trace \"" + name + "\" (sharegpt, alpaca)");
+}
+
+namespace {
+
+struct Request {
+  int64_t prompt = 0, output = 0;  // tokens
+  int64_t id = -1;                 // in the cache, while running
+  int64_t generated = 0;
+};
+
+// Exponential with the given mean, rounded up, within [1, cap].
+int64_t draw(double mean, uint64_t seed, uint64_t i, int64_t cap) {
+  const double u = datasets::uniform01(seed, i);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(-mean * std::log(1.0 - u))), 1, cap);
+}
+
+}  // namespace
+
+ServingStats simulate(KvCache& cache, bool paged, const TraceSpec& trace, int64_t budget_tokens) {
+  MT_CHECK(trace.requests > 0 && trace.max_len > 1 && budget_tokens >= trace.max_len,
+           "serving: needs requests > 0 and a budget of at least max_len tokens");
+  std::deque<Request> waiting;
+  for (int64_t i = 0; i < trace.requests; ++i) {
+    Request r;
+    r.prompt = draw(trace.prompt_mean, trace.seed, 2 * static_cast<uint64_t>(i), trace.max_len - 1);
+    r.output = draw(trace.output_mean, trace.seed, 2 * static_cast<uint64_t>(i) + 1, trace.max_len - r.prompt);
+    waiting.push_back(r);
+  }
+  const double token_bytes = static_cast<double>(cache.shape().token_bytes());
+  const double budget = static_cast<double>(budget_tokens) * token_bytes;
+  std::vector<Request> running;
+  ServingStats s;
+  auto tokens_of = [](const Request& r) { return r.prompt + r.generated; };
+  auto preempt_last = [&] {
+    Request r = running.back();
+    running.pop_back();
+    cache.release(r.id);
+    r.id = -1;
+    r.generated = 0;  // recomputed from the prompt when it runs again
+    waiting.push_front(r);
+    ++s.preemptions;
+  };
+  while (!waiting.empty() || !running.empty()) {
+    // Admission, first come first served.
+    while (!waiting.empty()) {
+      Request& r = waiting.front();
+      const int64_t id = cache.add(paged ? r.prompt + r.output : trace.max_len);
+      if (id < 0) break;
+      bool ok = true;
+      for (int64_t t = 0; t < r.prompt && ok; ++t) ok = cache.append(id);
+      if (!ok) {  // the prompt does not fit now
+        cache.release(id);
+        break;
+      }
+      r.id = id;
+      running.push_back(r);
+      waiting.pop_front();
+    }
+    MT_CHECK(!running.empty(), "serving: a request cannot be admitted into an empty cache (budget too small)");
+    // One decode step: every running request appends its next token.
+    for (std::size_t i = 0; i < running.size();) {
+      if (cache.append(running[i].id)) {
+        ++running[i].generated;
+        ++s.decode_tokens;
+        ++i;
+      } else if (running.size() > 1 && i + 1 < running.size()) {
+        preempt_last();  // free the newest request's blocks and retry this one
+      } else {
+        MT_CHECK(running.size() > 1, "serving: one request alone does not fit the budget");
+        preempt_last();  // this request is the newest: it waits for memory
+      }
+    }
+    // Figures of the step, then the finished requests leave.
+    double live = 0;
+    for (const Request& r : running) live += static_cast<double>(tokens_of(r)) * token_bytes;
+    const double reserved = static_cast<double>(cache.reserved_bytes());
+    s.utilization += reserved > 0 ? live / reserved : 0;
+    s.budget_utilization += live / budget;
+    s.internal_frag += (reserved - live) / budget;
+    if (!waiting.empty()) s.external_frag += (budget - reserved) / budget;
+    s.concurrency += static_cast<double>(running.size());
+    s.max_concurrency = std::max<int64_t>(s.max_concurrency, static_cast<int64_t>(running.size()));
+    ++s.steps;
+    for (std::size_t i = 0; i < running.size();) {
+      if (running[i].generated >= running[i].output) {
+        cache.release(running[i].id);
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+        ++s.finished;
+      } else {
+        ++i;
+      }
+    }
+  }
+  const double n = static_cast<double>(std::max<int64_t>(s.steps, 1));
+  s.utilization /= n;
+  s.budget_utilization /= n;
+  s.internal_frag /= n;
+  s.external_frag /= n;
+  s.concurrency /= n;
+  return s;
+}
+
+}  // namespace memtrade::kvcache
