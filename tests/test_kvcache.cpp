@@ -269,3 +269,32 @@ TEST(Serving, EveryRequestFinishesAndPagingReservesOnlyWhatIsUsed) {
   EXPECT_EQ(simulate(p2, true, t, budget).decode_tokens, sp.decode_tokens);
   EXPECT_THROW(trace_spec("bogus"), Error);
 }
+
+TEST(Decoder, QuantizedWeightsStayNearTheDenseLogitsAndReadFewerBytes) {
+  const model::Config cfg = test::tiny_model();
+  const auto w = test::test_weights(cfg, 4);
+  const KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
+  auto dev = make_cpu_device();
+  const datasets::Batch b = test::random_tokens(2, 6, 3);
+  std::vector<float> zd(2 * cfg.vocab), zq(2 * cfg.vocab), z1(cfg.vocab);
+  ContiguousCache cd(*dev, s), cq(*dev, s), c1(*dev, s);
+  Decoder dense(*dev, cfg, w, cd), q8(*dev, cfg, w, cq, quant::parse_spec("int8")), one(*dev, cfg, w, c1, quant::parse_spec("int8"));
+  EXPECT_LT(q8.weight_bytes_read(), 0.3 * dense.weight_bytes_read());
+  const std::vector<int64_t> rd = {cd.add(6), cd.add(6)}, rq = {cq.add(6), cq.add(6)}, r1 = {c1.add(6)};
+  double err = 0, ref = 0;
+  for (int64_t t = 0; t < 6; ++t) {
+    const std::vector<int32_t> tok = {b.inputs[t], b.inputs[6 + t]};
+    dense.step(rd, tok, zd.data());
+    q8.step(rq, tok, zq.data());  // batch 2: the panel matmul
+    one.step(r1, std::vector<int32_t>{tok[0]}, z1.data());  // batch 1: the matvec
+    for (int64_t v = 0; v < cfg.vocab; ++v) {
+      err += std::pow(zq[v] - zd[v], 2);
+      ref += std::pow(zd[v], 2);
+      EXPECT_NEAR(z1[v], zq[v], 1e-3 * (1 + std::abs(zq[v])));  // matvec and matmul agree on request 0
+    }
+  }
+  // int8 per channel: each weight within half a step of amax / 127; the logits move by about that
+  // share, far from a wrong layer or a transposed matrix (O(1)).
+  EXPECT_LT(std::sqrt(err / ref), 0.05);
+  EXPECT_GT(std::sqrt(err / ref), 0.0) << "the quantized path must differ from the dense one";
+}

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include "datasets/random.hpp"
 #include "harness/claims.hpp"
@@ -160,6 +161,7 @@ std::shared_ptr<const ModelData> smollm2(const Case& c) {
 struct QualityProblem final : Problem {
   std::shared_ptr<const ModelData> data;
   KvShape shape;
+  std::optional<quant::Spec> weights;  // projections' format (none: fp32)
   datasets::Batch windows;            // batch x seq validation tokens
   std::vector<double> full_losses;    // per (row, position), from the full-sequence fp32 forward
   int64_t block = 16;
@@ -171,6 +173,7 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   const model::Config& cfg = p->data->m.cfg;
   p->shape = KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), parse_kv_type(c.text("kv_dtype"))};
   p->block = c.integer("block", 16);
+  if (const std::string w = c.text("weights", "fp32"); w != "fp32") p->weights = quant::parse_spec(w);
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
   p->windows = datasets::sample_batch(std::span<const int32_t>(p->data->tokens).subspan(p->data->val_start), batch, seq,
                                       static_cast<uint64_t>(c.integer("seed", 1)) + 1000, 0);
@@ -211,7 +214,7 @@ class QualityWorkload final : public Workload {
       cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, B * ((T + p.block - 1) / p.block));
     else
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
-    decoder_ = std::make_unique<Decoder>(dev, p.data->m.cfg, p.data->m.params, *cache_);
+    decoder_ = std::make_unique<Decoder>(dev, p.data->m.cfg, p.data->m.params, *cache_, p.weights);
   }
   void run() override { losses_ = teacher_forced_losses(*decoder_, *cache_, p_.windows); }
   // The per-token losses against the full-sequence fp32 forward's (not a float64 oracle: a float64
@@ -241,6 +244,7 @@ class QualityWorkload final : public Workload {
       c["perplexity_rel_delta_se"] = std::exp(got - full) * std::sqrt(ss / static_cast<double>(B - 1) / static_cast<double>(B));
     }
     c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
+    c["weight_bytes_read"] = decoder_->weight_bytes_read();
     KvShape bf16 = p_.shape;
     bf16.type = KvType::bf16;
     c["kv_bytes_per_token_bf16"] = static_cast<double>(bf16.token_bytes());
@@ -263,7 +267,8 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   const Band band = claim_band(spec);
   auto find = [&](const std::string& dt) -> const Record* {
     for (const auto& r : recs)
-      if (r.technique == "kvcache_model" && r.impl == "paged" && r.status == "ok" && r.kase.params.value("kv_dtype", "") == dt)
+      if (r.technique == "kvcache_model" && r.impl == "paged" && r.status == "ok" && r.kase.params.value("kv_dtype", "") == dt &&
+          r.kase.params.value("weights", std::string("fp32")) == "fp32")
         return &r;
     return nullptr;
   };
@@ -516,6 +521,7 @@ void register_technique(Registry& r) {
     t.schema.params = {
         text_param("model", "the model", "smollm2", {"smollm2"}),
         text_param("kv_dtype", "storage of K and V", nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3"}),
+        text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
         int_param("block", "tokens per block of the paged cache", 16),
@@ -530,22 +536,26 @@ void register_technique(Registry& r) {
         {"perplexity_rel_delta_se", "1", Better::none, Gate::report, 0, 0, "its standard error over the windows"},
         {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0, "K and V of one token at every layer"},
         {"kv_bytes_per_token_bf16", "bytes", Better::none, Gate::report, 0, 0, "the same stored in bf16"},
+        {"weight_bytes_read", "bytes", Better::lower, Gate::exact, 0, 0, "projections and lm_head as stored"},
     };
-    // The error is the per-token losses against the full forward's in fp32. With fp32 storage only the
-    // summation order differs, and 1e-3 is a guard, not a tolerance: a wrong position, RoPE angle or a
+    // The error is the per-token losses against the full forward's in fp32. With fp32 storage and fp32
+    // weights only the summation order differs, and 1e-3 is a guard, not a tolerance: a wrong position, RoPE angle or a
     // missing token changes losses by O(1). Other storage types are judged by their perplexity (a
     // counter, gated against the baseline), so only finiteness is checked. Paged equals contiguous
     // bit for bit: its error may not exceed the contiguous run's.
     t.error_rule.judge = [](const Case& c, const Problem&, const Impl& impl, const ErrorStats& e, const ErrorStats& ref) {
       if (!e.finite()) return Verdict{false, "non-finite loss"};
-      const bool fp32 = c.text("kv_dtype") == "fp32";
+      const bool fp32 = c.text("kv_dtype") == "fp32" && c.text("weights", "fp32") == "fp32";
       const double bound = impl.role == Role::reference ? (fp32 ? 1e-3 : INFINITY) : ref.rel_l2;
       char buf[160];
       std::snprintf(buf, sizeof buf, "loss rel_l2 %.3e vs bound %.3e%s", e.rel_l2, bound,
                     impl.role == Role::reference ? "" : " (paged must equal contiguous)");
       return Verdict{e.rel_l2 <= bound, buf};
     };
-    t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
+    t.validate = [](const Case& c) {
+      parse_kv_type(c.text("kv_dtype"));
+      if (c.text("weights", "fp32") != "fp32") quant::parse_spec(c.text("weights"));
+    };
     t.prepare = prepare_quality;
     t.impls.push_back(typed_impl<QualityProblem>(t.name, "contiguous", Role::reference, Backend::cpu,
                                                  "decoder over per-request reserved ranges",
