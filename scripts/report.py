@@ -678,7 +678,26 @@ def precision_figures(cases):
                    "stack can exceed the step's peak_bytes).", img)]
 
 
-SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": precision_figures}
+SERVING_KEYS = {"token states": "kv_budget_utilization", "reserved, unused (internal)": "kv_internal_frag",
+                "free while requests wait (external)": "kv_external_frag"}
+
+
+def serving_figures(cases):
+    """The KV budget split as the vLLM paper's Fig. 2 draws it, per trace and layout."""
+    ok = [c for c in cases if c.ok and "kv_budget_utilization" in c.counters]
+    if not ok:
+        return []
+    varying = [k for k in sorted({k for c in ok for k in c.params}) if len({str(c.params.get(k)) for c in ok}) > 1]
+    groups = [(" ".join([str(c.params.get(k)) for k in varying] + [c.impl]),
+               {label: c.counters.get(key, 0) for label, key in SERVING_KEYS.items()}) for c in ok]
+    img = bars(groups, list(SERVING_KEYS), "kvcache_serving: the KV budget, mean over decode steps",
+               "share of the KV budget", kind="plain")
+    return [figure("Bytes of the running requests' tokens, bytes reserved for them but unused, and bytes free "
+                   "while requests wait, as shares of the KV budget (mean over decode steps).", img)]
+
+
+SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": precision_figures,
+                   "kvcache_serving": serving_figures}
 
 
 # ---------------------------------------------------------------- sections
@@ -891,6 +910,11 @@ DOMAIN_COUNTERS = [
     ("diverged", "diverged", "g"), ("bits_per_weight", "bits/weight", ".4g"), ("weight_bytes", "weight bytes", "bytes"),
     ("weight_rel_l2_err", "weight rel L2", ".2e"), ("calib_output_mse", "calib. output MSE", ".3e"),
     ("frac_of_copy_ceiling", "of copy bandwidth", ".1%"),
+    ("kv_bytes_per_token", "KV bytes/token", "bytes"), ("weight_bytes_read", "weight bytes/token", "bytes"),
+    ("kv_utilization", "KV utilization", ".1%"), ("kv_budget_utilization", "budget holding tokens", ".1%"),
+    ("kv_internal_frag", "internal frag.", ".1%"), ("kv_external_frag", "external frag.", ".1%"),
+    ("mean_concurrency", "mean batch", ".3g"), ("max_concurrency", "max batch", "g"),
+    ("preemptions", "preemptions", "g"), ("decode_tokens_per_step", "tokens/step", ".4g"),
 ]
 
 
