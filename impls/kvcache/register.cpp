@@ -429,6 +429,15 @@ ClaimResult check_kv70(const ClaimSpec& spec, const std::vector<Record>& recs) {
               " contiguous cases of this run; band " + band.str()};
 }
 
+// Both layouts of one technique: contiguous (the reference) and paged, each the workload W(p, paged, dev).
+template <class P, class W>
+void add_layouts(Technique& t, const char* contiguous, const char* paged) {
+  t.impls.push_back(typed_impl<P>(t.name, "contiguous", Role::reference, Backend::cpu, contiguous,
+                                  [](const P& p, Device& d) { return std::make_unique<W>(p, false, d); }));
+  t.impls.push_back(typed_impl<P>(t.name, "paged", Role::optimized, Backend::cpu, paged,
+                                  [](const P& p, Device& d) { return std::make_unique<W>(p, true, d); }));
+}
+
 }  // namespace
 
 void register_technique(Registry& r) {
@@ -459,16 +468,8 @@ void register_technique(Registry& r) {
     };
     t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
     t.prepare = prepare_decode;
-    t.impls.push_back(typed_impl<DecodeProblem>(t.name, "contiguous", Role::reference, Backend::cpu,
-                                                "fp32 online-softmax kernel over per-request reserved ranges",
-                                                [](const DecodeProblem& p, Device& d) {
-                                                  return std::make_unique<DecodeWorkload>(p, false, d);
-                                                }));
-    t.impls.push_back(typed_impl<DecodeProblem>(t.name, "paged", Role::optimized, Backend::cpu,
-                                                "the same kernel over block tables of a shared block pool",
-                                                [](const DecodeProblem& p, Device& d) {
-                                                  return std::make_unique<DecodeWorkload>(p, true, d);
-                                                }));
+    add_layouts<DecodeProblem, DecodeWorkload>(t, "fp32 online-softmax kernel over per-request reserved ranges",
+                                  "the same kernel over block tables of a shared block pool");
     t.claims["kv-70"] = check_kv70;
     r.add(std::move(t));
   }
@@ -501,16 +502,8 @@ void register_technique(Registry& r) {
     };
     t.validate = [](const Case& c) { trace_spec(c.text("trace")); };
     t.prepare = prepare_serving;
-    t.impls.push_back(typed_impl<ServingProblem>(t.name, "contiguous", Role::reference, Backend::cpu,
-                                                 "reserve max_len tokens per request",
-                                                 [](const ServingProblem& p, Device& d) {
-                                                   return std::make_unique<ServingWorkload>(p, false, d);
-                                                 }));
-    t.impls.push_back(typed_impl<ServingProblem>(t.name, "paged", Role::optimized, Backend::cpu,
-                                                 "blocks on demand, preemption by recompute",
-                                                 [](const ServingProblem& p, Device& d) {
-                                                   return std::make_unique<ServingWorkload>(p, true, d);
-                                                 }));
+    add_layouts<ServingProblem, ServingWorkload>(t, "reserve max_len tokens per request",
+                                  "blocks on demand, preemption by recompute");
     t.claims["paged"] = check_paged;
     r.add(std::move(t));
   }
@@ -557,15 +550,8 @@ void register_technique(Registry& r) {
       if (c.text("weights", "fp32") != "fp32") quant::parse_spec(c.text("weights"));
     };
     t.prepare = prepare_quality;
-    t.impls.push_back(typed_impl<QualityProblem>(t.name, "contiguous", Role::reference, Backend::cpu,
-                                                 "decoder over per-request reserved ranges",
-                                                 [](const QualityProblem& p, Device& d) {
-                                                   return std::make_unique<QualityWorkload>(p, false, d);
-                                                 }));
-    t.impls.push_back(typed_impl<QualityProblem>(t.name, "paged", Role::optimized, Backend::cpu,
-                                                 "decoder over block tables", [](const QualityProblem& p, Device& d) {
-                                                   return std::make_unique<QualityWorkload>(p, true, d);
-                                                 }));
+    add_layouts<QualityProblem, QualityWorkload>(t, "decoder over per-request reserved ranges",
+                                  "decoder over block tables");
     t.claims["kv-fp8"] = check_kv_fp8;
     r.add(std::move(t));
   }
