@@ -77,7 +77,7 @@ std::vector<float> unpermute_rope_rows(const std::vector<float>& w, int64_t head
 Pretrained load_gguf_model(const std::filesystem::path& path) {
   const gguf::File f(path);
   Pretrained m{.name = {}, .path = path, .cfg = config_from_gguf(f), .params = {}, .stored_type = {},
-               .stored_bytes = 0, .tokenizer = Tokenizer::from_gguf(f)};
+               .tokenizer = Tokenizer::from_gguf(f)};
   m.name = f.find("general.name") ? f.get_string("general.name") : path.filename().string();
   MT_CHECK(m.tokenizer.vocab_size() <= m.cfg.vocab,
            path.string() + ": the tokenizer has " + std::to_string(m.tokenizer.vocab_size()) +
@@ -87,7 +87,6 @@ Pretrained load_gguf_model(const std::filesystem::path& path) {
   for (const gguf::Tensor& t : f.tensors()) {
     const std::string n = hf_name(t.name);
     if (!n.empty()) by_hf[n] = &t;
-    m.stored_bytes += t.bytes;
   }
   m.params.resize(L.total);
   for (const ParamTensor& p : L.tensors) {

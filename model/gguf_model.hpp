@@ -31,7 +31,6 @@ struct Pretrained {
   Config cfg;
   std::vector<float> params;        // param_layout(cfg) order, dequantized to fp32
   std::map<std::string, std::string> stored_type;  // HF tensor name -> its ggml type in the file
-  uint64_t stored_bytes = 0;        // bytes of all tensor data in the file
   Tokenizer tokenizer;
 };
 

@@ -93,15 +93,12 @@ void decode_fast(KvType t, const uint8_t* r, int64_t n, float* x) {
   }
 }
 
-// Sixteen partial sums (one vector register on AVX-512, two on AVX2), then the tail: a fixed order.
+// A vectorized sum: lanes of partial sums, in the order this build's vector width fixes (the same for
+// every layout, so paged and contiguous still agree bit for bit).
 float dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
   float s = 0;
-  for (; i < n; ++i) s += a[i] * b[i];
-  for (int j = 0; j < 16; ++j) s += acc[j];
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
@@ -127,24 +124,37 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
       std::fill(og + j * hd, og + (j + 1) * hd, 0.f);
     }
     // Online softmax over chunks of tokens: score the chunk, rescale once per chunk, add its values.
+    // fp32 records are read in place; other types are decoded once per chunk.
     auto chunk = [&](const uint8_t* e, int64_t count) {
+      const float *kp[kChunk], *vp[kChunk];
       for (int64_t t = 0; t < count; ++t) {
-        decode_fast(s.type, e + t * s.entry_bytes() + g * s.head_bytes(), hd, k[t]);
-        decode_fast(s.type, e + t * s.entry_bytes() + (s.kv_heads + g) * s.head_bytes(), hd, v[t]);
+        const uint8_t* kr = e + t * s.entry_bytes() + g * s.head_bytes();
+        const uint8_t* vr = e + t * s.entry_bytes() + (s.kv_heads + g) * s.head_bytes();
+        if (s.type == KvType::f32) {
+          kp[t] = reinterpret_cast<const float*>(kr);
+          vp[t] = reinterpret_cast<const float*>(vr);
+        } else {
+          decode_fast(s.type, kr, hd, k[t]);
+          decode_fast(s.type, vr, hd, v[t]);
+          kp[t] = k[t];
+          vp[t] = v[t];
+        }
       }
       for (int64_t j = 0; j < group; ++j) {
         float mx = m[j];
-        for (int64_t t = 0; t < count; ++t) mx = std::max(mx, p[j][t] = dot(qg + j * hd, k[t], hd) * scale);
+        for (int64_t t = 0; t < count; ++t) mx = std::max(mx, p[j][t] = dot(qg + j * hd, kp[t], hd) * scale);
         const float corr = std::exp(m[j] - mx);  // 0 on the first chunk (m = -inf)
+        float sum = 0;
+        for (int64_t t = 0; t < count; ++t) sum += (p[j][t] = std::exp(p[j][t] - mx));
+        l[j] = l[j] * corr + sum;
+        m[j] = mx;
+        // o = o corr + sum_t p_t v_t, the chunk's tokens in a fixed order.
         float* o = og + j * hd;
-        l[j] *= corr;
         for (int64_t i = 0; i < hd; ++i) o[i] *= corr;
         for (int64_t t = 0; t < count; ++t) {
-          const float w = std::exp(p[j][t] - mx);
-          l[j] += w;
-          for (int64_t i = 0; i < hd; ++i) o[i] += w * v[t][i];
+          const float w = p[j][t], *vt = vp[t];
+          for (int64_t i = 0; i < hd; ++i) o[i] += w * vt[i];
         }
-        m[j] = mx;
       }
     };
     c.runs(reqs[b], layer, [&](const uint8_t* e, int64_t pos, int64_t count) {

@@ -6,8 +6,8 @@
 //   decode_attention_ref   float64: records decoded to double, softmax in two passes (max, then sum)
 //   decode_attention       fp32, one pass with the online softmax per query head over chunks of up to 8
 //                          tokens (scores of the chunk, one rescale, then its values); each token's K and
-//                          V are decoded once for all query heads that share them; dot products in 16
-//                          partial sums (vectorized); OpenMP over (request, kv head). Chunks start at
+//                          V are decoded once for all query heads that share them; vectorized dot
+//                          products; OpenMP over (request, kv head). Chunks start at
 //                          multiples of 8 positions, so a paged cache whose block size is a multiple of 8
 //                          gives the contiguous cache's result bit for bit.
 #pragma once
