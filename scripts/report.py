@@ -911,6 +911,7 @@ DOMAIN_COUNTERS = [
     ("weight_rel_l2_err", "weight rel L2", ".2e"), ("calib_output_mse", "calib. output MSE", ".3e"),
     ("frac_of_copy_ceiling", "of copy bandwidth", ".1%"),
     ("kv_bytes_per_token", "KV bytes/token", "bytes"), ("weight_bytes_read", "weight bytes/token", "bytes"),
+    ("memory_at_2k_tokens", "memory at 2K tokens", "bytes"), ("memory_at_8k_tokens", "memory at 8K tokens", "bytes"),
     ("kv_utilization", "KV utilization", ".1%"), ("kv_budget_utilization", "budget holding tokens", ".1%"),
     ("kv_internal_frag", "internal frag.", ".1%"), ("kv_external_frag", "external frag.", ".1%"),
     ("mean_concurrency", "mean batch", ".3g"), ("max_concurrency", "max batch", "g"),

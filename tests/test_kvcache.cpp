@@ -280,6 +280,12 @@ TEST(Decoder, QuantizedWeightsStayNearTheDenseLogitsAndReadFewerBytes) {
   ContiguousCache cd(*dev, s), cq(*dev, s), c1(*dev, s);
   Decoder dense(*dev, cfg, w, cd), q8(*dev, cfg, w, cq, quant::parse_spec("int8")), one(*dev, cfg, w, c1, quant::parse_spec("int8"));
   EXPECT_LT(q8.weight_bytes_read(), 0.3 * dense.weight_bytes_read());
+  {  // what the decoder says it stores is what the tracked pool holds for it
+    auto solo = make_cpu_device();
+    ContiguousCache cs(*solo, s);
+    const Decoder d4(*solo, cfg, w, cs, quant::parse_spec("int4"));
+    EXPECT_EQ(d4.weight_bytes_stored(), static_cast<double>(solo->memory().by_tag(Tag::weights).live));
+  }
   const std::vector<int64_t> rd = {cd.add(6), cd.add(6)}, rq = {cq.add(6), cq.add(6)}, r1 = {c1.add(6)};
   double err = 0, ref = 0;
   for (int64_t t = 0; t < 6; ++t) {

@@ -92,6 +92,13 @@ Decoder::Decoder(Device& dev, const Config& c, std::span<const float> params, Kv
   head_ = linear(fp32(L_.head), params.data() + L_.head, V, D, head);
 }
 
+double Decoder::weight_bytes_stored() const {
+  double b = static_cast<double>(weights_.bytes());
+  for (const auto& layer : layers_)
+    for (const Linear& w : layer) b += static_cast<double>(w.blob.bytes());
+  return b + static_cast<double>(head_.blob.bytes());
+}
+
 void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits) {
   MT_CHECK(reqs.size() == tokens.size() && !reqs.empty(), "decoder: one token per request");
   const int64_t B = static_cast<int64_t>(reqs.size()), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab,

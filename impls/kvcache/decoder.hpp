@@ -30,6 +30,8 @@ class Decoder {
           std::optional<quant::Spec> weights = std::nullopt);
   // Bytes of the weights the decode step reads (every projection and lm_head as stored).
   double weight_bytes_read() const { return weight_bytes_; }
+  // Bytes of every weight as the decoder stores it (those read per token, the fp32 embedding and norms).
+  double weight_bytes_stored() const;
   // Appends tokens[i] to request reqs[i] (Error when the cache refuses) and writes the logits of each
   // request's next token, [reqs x vocab].
   void step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits);

@@ -245,6 +245,9 @@ class QualityWorkload final : public Workload {
     }
     c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
     c["weight_bytes_read"] = decoder_->weight_bytes_read();
+    // The model's memory at 2K and 8K tokens of one sequence: weights as stored plus the KV cache, exact.
+    for (const auto& [key, tokens] : {std::pair{"memory_at_2k_tokens", 2048}, std::pair{"memory_at_8k_tokens", 8192}})
+      c[key] = decoder_->weight_bytes_stored() + static_cast<double>(tokens * p_.shape.token_bytes());
     KvShape bf16 = p_.shape;
     bf16.type = KvType::bf16;
     c["kv_bytes_per_token_bf16"] = static_cast<double>(bf16.token_bytes());
@@ -530,6 +533,8 @@ void register_technique(Registry& r) {
         {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0, "K and V of one token at every layer"},
         {"kv_bytes_per_token_bf16", "bytes", Better::none, Gate::report, 0, 0, "the same stored in bf16"},
         {"weight_bytes_read", "bytes", Better::lower, Gate::exact, 0, 0, "projections and lm_head as stored"},
+        {"memory_at_*", "bytes", Better::lower, Gate::exact, 0, 0,
+         "every weight as stored plus the KV cache of one sequence of that many tokens"},
     };
     // The error is the per-token losses against the full forward's in fp32. With fp32 storage and fp32
     // weights only the summation order differs, and 1e-3 is a guard, not a tolerance: a wrong position, RoPE angle or a
