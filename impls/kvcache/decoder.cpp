@@ -152,6 +152,13 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
   apply(head_, xn, B, V, D, logits, false);
 }
 
+double token_loss(const float* z, int64_t V, int32_t target) {
+  double mx = z[0], sum = 0;
+  for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(z[j]));
+  for (int64_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
+  return std::log(sum) + mx - z[target];
+}
+
 std::vector<double> teacher_forced_losses(Decoder& d, KvCache& cache, const datasets::Batch& b) {
   const int64_t B = b.batch, T = b.context, V = d.config().vocab;
   std::vector<int64_t> reqs;
@@ -166,13 +173,7 @@ std::vector<double> teacher_forced_losses(Decoder& d, KvCache& cache, const data
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < B; ++i) tok[i] = b.inputs[i * T + t];
     d.step(reqs, tok, logits.data());
-    for (int64_t i = 0; i < B; ++i) {
-      const float* z = &logits[i * V];
-      double mx = z[0], sum = 0;
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(z[j]));
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
-      loss[i * T + t] = std::log(sum) + mx - z[b.targets[i * T + t]];
-    }
+    for (int64_t i = 0; i < B; ++i) loss[i * T + t] = token_loss(&logits[i * V], V, b.targets[i * T + t]);
   }
   for (int64_t r : reqs) cache.release(r);
   return loss;

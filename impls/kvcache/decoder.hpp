@@ -61,6 +61,9 @@ class Decoder {
   double weight_bytes_ = 0;
 };
 
+// Cross-entropy of one row of logits against its target, in double (log-sum-exp shifted by the max).
+double token_loss(const float* logits, int64_t vocab, int32_t target);
+
 // Teacher forcing through the cache: each row of the batch becomes a request that reads its inputs one
 // token at a time; returns the loss of every (row, position) against its target, row-major, then
 // releases the requests.

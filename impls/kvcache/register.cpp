@@ -189,12 +189,7 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
                         {p->windows.targets.begin() + b * seq, p->windows.targets.begin() + (b + 1) * seq}, 1, seq};
     const std::vector<float> z = tr->logits(row);
     const int64_t V = cfg.vocab;
-    for (int64_t t = 0; t < seq; ++t) {
-      double mx = z[t * V], sum = 0;
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(z[t * V + j]));
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(z[t * V + j] - mx);
-      p->full_losses.push_back(std::log(sum) + mx - z[t * V + row.targets[t]]);
-    }
+    for (int64_t t = 0; t < seq; ++t) p->full_losses.push_back(token_loss(&z[t * V], V, row.targets[t]));
   }
   return p;
 }
@@ -472,7 +467,7 @@ void register_technique(Registry& r) {
     t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
     t.prepare = prepare_decode;
     add_layouts<DecodeProblem, DecodeWorkload>(t, "fp32 online-softmax kernel over per-request reserved ranges",
-                                  "the same kernel over block tables of a shared block pool");
+                                               "the same kernel over block tables of a shared block pool");
     t.claims["kv-70"] = check_kv70;
     r.add(std::move(t));
   }
@@ -506,7 +501,7 @@ void register_technique(Registry& r) {
     t.validate = [](const Case& c) { trace_spec(c.text("trace")); };
     t.prepare = prepare_serving;
     add_layouts<ServingProblem, ServingWorkload>(t, "reserve max_len tokens per request",
-                                  "blocks on demand, preemption by recompute");
+                                                 "blocks on demand, preemption by recompute");
     t.claims["paged"] = check_paged;
     r.add(std::move(t));
   }
@@ -556,7 +551,7 @@ void register_technique(Registry& r) {
     };
     t.prepare = prepare_quality;
     add_layouts<QualityProblem, QualityWorkload>(t, "decoder over per-request reserved ranges",
-                                  "decoder over block tables");
+                                                 "decoder over block tables");
     t.claims["kv-fp8"] = check_kv_fp8;
     r.add(std::move(t));
   }
