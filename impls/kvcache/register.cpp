@@ -534,15 +534,19 @@ void register_technique(Registry& r) {
     // The error is the per-token losses against the full forward's in fp32. With fp32 storage and fp32
     // weights only the summation order differs, and 1e-3 is a guard, not a tolerance: a wrong position, RoPE angle or a
     // missing token changes losses by O(1). Other storage types are judged by their perplexity (a
-    // counter, gated against the baseline), so only finiteness is checked. Paged equals contiguous
-    // bit for bit: its error may not exceed the contiguous run's.
+    // counter, gated against the baseline), so only finiteness is checked.
     t.error_rule.judge = [](const Case& c, const Problem&, const Impl& impl, const ErrorStats& e, const ErrorStats& ref) {
       if (!e.finite()) return Verdict{false, "non-finite loss"};
       const bool fp32 = c.text("kv_dtype") == "fp32" && c.text("weights", "fp32") == "fp32";
-      const double bound = impl.role == Role::reference ? (fp32 ? 1e-3 : INFINITY) : ref.rel_l2;
+      // Paged equals contiguous bit for bit when its blocks are whole chunks of the kernel (8 tokens);
+      // other block sizes change where the online softmax rescales, so FlashAttention's rule applies.
+      const bool exact = c.integer("block", 16) % 8 == 0;
+      const double bound = impl.role == Role::reference ? (fp32 ? 1e-3 : INFINITY)
+                           : exact                      ? ref.rel_l2
+                                                        : 2 * ref.rel_l2 + 1e-6;
       char buf[160];
       std::snprintf(buf, sizeof buf, "loss rel_l2 %.3e vs bound %.3e%s", e.rel_l2, bound,
-                    impl.role == Role::reference ? "" : " (paged must equal contiguous)");
+                    impl.role == Role::reference ? "" : exact ? " (paged must equal contiguous)" : "");
       return Verdict{e.rel_l2 <= bound, buf};
     };
     t.validate = [](const Case& c) {
