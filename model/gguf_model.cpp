@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/common.hpp"
+#include "model/train_case.hpp"
 
 namespace memtrade::model {
 
@@ -118,5 +119,21 @@ std::filesystem::path models_dir() {
 }
 
 std::filesystem::path smollm2_path() { return models_dir() / kSmolLM2File; }
+
+PretrainedText load_smollm2_text(const Case& c) {
+  const std::filesystem::path path = smollm2_path();
+  if (!std::filesystem::exists(path))
+    throw Skip(path.string() + " is absent: run " + std::string(kFetchModelsCommand) +
+               " (or set MEMTRADE_MODELS_DIR to the folder holding " + kSmolLM2File + ")");
+  PretrainedText d{load_gguf_model(path), {}, {}, 0};
+  TrainCase corpus_case;
+  corpus_case.corpus_dir = c.text("corpus_dir", "");
+  corpus_case.corpus_sha256 = c.text("corpus_sha256", "");
+  d.corpus = load_case_corpus(corpus_case);
+  d.tokens = d.model.tokenizer.encode(
+      std::string_view(reinterpret_cast<const char*>(d.corpus.bytes.data()), d.corpus.bytes.size()));
+  d.val_start = d.tokens.size() * 9 / 10;
+  return d;
+}
 
 }  // namespace memtrade::model

@@ -16,9 +16,11 @@
 
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "datasets/corpus.hpp"
 #include "model/gguf.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
@@ -49,5 +51,18 @@ std::filesystem::path models_dir();
 inline constexpr const char* kSmolLM2File = "SmolLM2-135M-Instruct.Q4_1.gguf";
 inline constexpr const char* kFetchModelsCommand = "scripts/fetch_models.sh";
 std::filesystem::path smollm2_path();
+
+// SmolLM2 with the fortunes corpus a case names (its corpus_dir and corpus_sha256 keys) tokenized by the
+// model's own tokenizer: calibration text is tokens[0, val_start), validation text the last 10%.
+struct PretrainedText {
+  Pretrained model;
+  datasets::Corpus corpus;
+  std::vector<int32_t> tokens;
+  std::size_t val_start = 0;
+  std::span<const int32_t> train() const { return std::span<const int32_t>(tokens).first(val_start); }
+  std::span<const int32_t> val() const { return std::span<const int32_t>(tokens).subspan(val_start); }
+};
+// Throws Skip naming the fetch command when the model file is absent.
+PretrainedText load_smollm2_text(const Case& c);
 
 }  // namespace memtrade::model

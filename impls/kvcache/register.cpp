@@ -13,7 +13,6 @@
 // storage type: perplexity against the full-sequence fp32 forward's on the same windows, and the exact
 // KV bytes per token. Skipped, naming the fetch command, without the model file.
 #include <cmath>
-#include <filesystem>
 #include <mutex>
 #include <optional>
 
@@ -25,7 +24,6 @@
 #include "impls/kvcache/serving.hpp"
 #include "model/gguf_model.hpp"
 #include "model/train.hpp"
-#include "model/train_case.hpp"
 
 namespace memtrade::kvcache {
 
@@ -133,33 +131,17 @@ class DecodeWorkload final : public Workload {
 
 // ---- kvcache_model: perplexity through the cache ----
 
-struct ModelData {
-  model::Pretrained m;
-  datasets::Corpus corpus;
-  std::vector<int32_t> tokens;
-  std::size_t val_start = 0;
-};
-
-std::shared_ptr<const ModelData> smollm2(const Case& c) {
+// SmolLM2 and its tokenized corpus, once per process.
+std::shared_ptr<const model::PretrainedText> smollm2(const Case& c) {
   static std::mutex mu;
-  static std::shared_ptr<const ModelData> cached;
+  static std::shared_ptr<const model::PretrainedText> cached;
   std::lock_guard<std::mutex> lock(mu);
-  if (cached) return cached;
-  const auto path = model::smollm2_path();
-  if (!std::filesystem::exists(path))
-    throw Skip(path.string() + " is absent: run " + std::string(model::kFetchModelsCommand));
-  auto d = std::make_shared<ModelData>(ModelData{model::load_gguf_model(path), {}, {}, 0});
-  model::TrainCase corpus_case;
-  corpus_case.corpus_dir = c.text("corpus_dir", "");
-  corpus_case.corpus_sha256 = c.text("corpus_sha256", "");
-  d->corpus = model::load_case_corpus(corpus_case);
-  d->tokens = d->m.tokenizer.encode(std::string_view(reinterpret_cast<const char*>(d->corpus.bytes.data()), d->corpus.bytes.size()));
-  d->val_start = d->tokens.size() * 9 / 10;
-  return cached = d;
+  if (!cached) cached = std::make_shared<const model::PretrainedText>(model::load_smollm2_text(c));
+  return cached;
 }
 
 struct QualityProblem final : Problem {
-  std::shared_ptr<const ModelData> data;
+  std::shared_ptr<const model::PretrainedText> data;
   KvShape shape;
   std::optional<quant::Spec> weights;  // projections' format (none: fp32)
   datasets::Batch windows;            // batch x seq validation tokens
@@ -170,12 +152,12 @@ struct QualityProblem final : Problem {
 std::unique_ptr<Problem> prepare_quality(const Case& c) {
   auto p = std::make_unique<QualityProblem>();
   p->data = smollm2(c);
-  const model::Config& cfg = p->data->m.cfg;
+  const model::Config& cfg = p->data->model.cfg;
   p->shape = KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), parse_kv_type(c.text("kv_dtype"))};
   p->block = c.integer("block", 16);
   if (const std::string w = c.text("weights", "fp32"); w != "fp32") p->weights = quant::parse_spec(w);
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
-  p->windows = datasets::sample_batch(std::span<const int32_t>(p->data->tokens).subspan(p->data->val_start), batch, seq,
+  p->windows = datasets::sample_batch(p->data->val(), batch, seq,
                                       static_cast<uint64_t>(c.integer("seed", 1)) + 1000, 0);
   // The reference losses: the full-sequence forward (model/train_core.hpp) in fp32, one row at a time.
   auto dev = make_cpu_device();
@@ -183,7 +165,7 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   o.batch = 1;
   o.seq = seq;
   o.inference_only = true;
-  auto tr = model::make_trainer_cpu(cfg, o, *dev, p->data->m.params);
+  auto tr = model::make_trainer_cpu(cfg, o, *dev, p->data->model.params);
   for (int64_t b = 0; b < batch; ++b) {
     datasets::Batch row{{p->windows.inputs.begin() + b * seq, p->windows.inputs.begin() + (b + 1) * seq},
                         {p->windows.targets.begin() + b * seq, p->windows.targets.begin() + (b + 1) * seq}, 1, seq};
@@ -209,7 +191,7 @@ class QualityWorkload final : public Workload {
       cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, B * ((T + p.block - 1) / p.block));
     else
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
-    decoder_ = std::make_unique<Decoder>(dev, p.data->m.cfg, p.data->m.params, *cache_, p.weights);
+    decoder_ = std::make_unique<Decoder>(dev, p.data->model.cfg, p.data->model.params, *cache_, p.weights);
   }
   void run() override { losses_ = teacher_forced_losses(*decoder_, *cache_, p_.windows); }
   // The per-token losses against the full-sequence fp32 forward's (not a float64 oracle: a float64
@@ -248,7 +230,7 @@ class QualityWorkload final : public Workload {
     c["kv_bytes_per_token_bf16"] = static_cast<double>(bf16.token_bytes());
   }
   std::string detail() override {
-    return p_.data->m.name + "; corpus " + p_.data->corpus.source + " sha256 " + p_.data->corpus.sha256 +
+    return p_.data->model.name + "; corpus " + p_.data->corpus.source + " sha256 " + p_.data->corpus.sha256 +
            "; validation windows from token " + std::to_string(p_.data->val_start);
   }
 

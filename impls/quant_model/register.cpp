@@ -21,7 +21,6 @@
 // seed); for "smollm2" batch (default 1) and seq (default 256) tokens per window; eval_batches,
 // calib_batches, format, corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq, awq.
 #include <cmath>
-#include <filesystem>
 #include <mutex>
 
 #include "datasets/corpus.hpp"
@@ -119,25 +118,19 @@ std::shared_ptr<const Trained> trained_model(const Case& c) {
   t->model = c.text("model", "trained");
   int64_t steps = 0;
   if (t->model == "smollm2") {
-    const std::filesystem::path path = model::smollm2_path();
-    if (!std::filesystem::exists(path))
-      throw Skip(path.string() + " is absent: run " + std::string(model::kFetchModelsCommand) +
-                 " (or set MEMTRADE_MODELS_DIR to the folder holding " + model::kSmolLM2File + ")");
-    model::Pretrained m = model::load_gguf_model(path);
+    model::PretrainedText d = model::load_smollm2_text(c);
+    model::Pretrained& m = d.model;
     t->cfg = m.cfg;
     t->params = std::move(m.params);
-    t->source = m.name + " (" + path.filename().string() + ", dequantized to fp32)";
+    t->source = m.name + " (" + m.path.filename().string() + ", dequantized to fp32)";
     t->opts.batch = c.integer("batch", 1);
     t->opts.seq = c.integer("seq", 256);
     t->opts.inference_only = true;
     t->seed = static_cast<uint64_t>(c.integer("seed", 1));
     t->eval_batches = c.integer("eval_batches", 8);
-    model::TrainCase corpus_case;
-    corpus_case.corpus_dir = c.text("corpus_dir", "");
-    corpus_case.corpus_sha256 = c.text("corpus_sha256", "");
-    t->corpus = model::load_case_corpus(corpus_case);
-    t->tokens = m.tokenizer.encode(std::string_view(reinterpret_cast<const char*>(t->corpus.bytes.data()), t->corpus.bytes.size()));
-    t->val_start = t->tokens.size() * 9 / 10;
+    t->corpus = std::move(d.corpus);
+    t->tokens = std::move(d.tokens);
+    t->val_start = d.val_start;
     model::validate(t->cfg, t->opts);
   } else {
     const model::TrainCase tc = model::read_train_case(c);
