@@ -202,6 +202,9 @@ MT_HD void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int6
 
 // ---- cross-entropy (targets checked beforehand with check_targets) ----
 
+// A target that counts no loss (a padding position): its row's loss is 0 and its logits' gradient 0.
+constexpr int32_t kIgnoreTarget = -1;
+
 template <class T>
 MT_HD T row_max(const T* z, int64_t n) {
   T m = z[0];
@@ -220,6 +223,7 @@ MT_HD T row_exp_sum(const T* z, int64_t n, T m) {
 // Loss of one row: logsumexp(z) - z[target], as log(sum exp(z - m)) - (z[target] - m).
 template <class T>
 MT_HD T cross_entropy_row_forward(const T* z, int32_t target, int64_t vocab) {
+  if (target == kIgnoreTarget) return T(0);
   const T m = row_max(z, vocab);
   return m_log(row_exp_sum(z, vocab, m)) - (z[target] - m);
 }
@@ -227,6 +231,10 @@ MT_HD T cross_entropy_row_forward(const T* z, int32_t target, int64_t vocab) {
 // dz = (softmax(z) - onehot(target)) * scale; dz may alias z (in place over the logits).
 template <class T>
 MT_HD void cross_entropy_row_backward(const T* z, int32_t target, int64_t vocab, T scale, T* dz) {
+  if (target == kIgnoreTarget) {
+    for (int64_t j = 0; j < vocab; ++j) dz[j] = T(0);
+    return;
+  }
   const T m = row_max(z, vocab);
   const T inv_sum = T(1) / row_exp_sum(z, vocab, m);
   for (int64_t j = 0; j < vocab; ++j) {
@@ -235,20 +243,23 @@ MT_HD void cross_entropy_row_backward(const T* z, int32_t target, int64_t vocab,
   }
 }
 
-// Mean loss over rows; row_loss ([rows]) receives the per-row losses when not null.
+// Mean loss over the counted rows (targets not kIgnoreTarget; NaN when none counts); row_loss ([rows])
+// receives the per-row losses when not null.
 template <class T>
 MT_HD T cross_entropy_forward(const T* z, const int32_t* targets, int64_t rows, int64_t vocab, T* row_loss = nullptr) {
   T sum = T(0);
+  int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T l = cross_entropy_row_forward(z + r * vocab, targets[r], vocab);
     if (row_loss != nullptr) row_loss[r] = l;
     sum += l;
+    counted += targets[r] != kIgnoreTarget;
   }
-  return sum / T(rows);
+  return sum / T(counted);
 }
 
-// dz: [rows x vocab], written (may alias z). For the gradient of the mean loss pass scale = 1 / rows;
-// under gradient accumulation pass 1 / (tokens in all micro-batches).
+// dz: [rows x vocab], written (may alias z). For the gradient of the mean loss pass scale = 1 / (counted
+// rows); under gradient accumulation pass 1 / (counted tokens in all micro-batches).
 template <class T>
 MT_HD void cross_entropy_backward(const T* z, const int32_t* targets, int64_t rows, int64_t vocab, T scale, T* dz) {
   for (int64_t r = 0; r < rows; ++r)
@@ -277,7 +288,7 @@ MT_HD void adamw_step(T& param, T grad, T& m, T& v, float lr, float beta1, float
 
 // Every id in [0, vocab).
 void check_token_ids(const int32_t* ids, int64_t n, int64_t vocab);
-// Every target in [0, vocab).
+// Every target in [0, vocab) or kIgnoreTarget.
 void check_targets(const int32_t* targets, int64_t n, int64_t vocab);
 // head_dim positive and even, seq and heads non-negative.
 void check_rope_shape(int64_t seq, int64_t heads, int64_t head_dim);

@@ -31,6 +31,27 @@ void validate(const Config& c, const TrainOptions& o) {
   MT_CHECK(o.eps > 0 && o.weight_decay >= 0, "training: eps must be > 0 and weight_decay >= 0");
   MT_CHECK(o.warmup_steps >= 0 && o.growth_interval > 0, "training: bad warmup_steps or growth_interval");
   MT_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "training: init_scale must be positive");
+  MT_CHECK(o.checkpoint_every >= 1, "training: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));
+}
+
+const char* checkpoint_name(Checkpoint c) {
+  switch (c) {
+    case Checkpoint::none: return "none";
+    case Checkpoint::full: return "full";
+    case Checkpoint::every_k: return "every-k";
+    case Checkpoint::selective: return "selective";
+  }
+  return "?";
+}
+
+Checkpoint parse_checkpoint(const std::string& name) {
+  for (Checkpoint c : {Checkpoint::none, Checkpoint::full, Checkpoint::every_k, Checkpoint::selective})
+    if (name == checkpoint_name(c)) return c;
+  throw Error("unknown checkpointing policy \"" + name + "\" (none, full, every-k, selective)");
+}
+
+int64_t counted_targets(const datasets::Batch& b) {
+  return static_cast<int64_t>(std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t != kIgnoreTarget; }));
 }
 
 void check_batch(const Config& c, const TrainOptions& o, const datasets::Batch& b) {

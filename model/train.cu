@@ -255,7 +255,7 @@ __global__ void cross_entropy_forward_kernel(const S* __restrict__ z, const int3
   const int64_t row = blockIdx.x;
   float m, s;
   load_row_max_and_exp_sum(z, row, vocab, zs, red, m, s);
-  if (threadIdx.x == 0) loss[row] = m_log(s) - (zs[targets[row]] - m);
+  if (threadIdx.x == 0) loss[row] = targets[row] == kIgnoreTarget ? 0.f : m_log(s) - (zs[targets[row]] - m);
 }
 
 // One block per row, in place: dz = (softmax(z) - onehot(target)) * scale (cross_entropy_row_backward).
@@ -271,7 +271,7 @@ __global__ void cross_entropy_backward_kernel(S* __restrict__ z, const int32_t* 
   const int32_t target = targets[row];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     const float p = m_exp(zs[j] - m) * inv_sum;
-    z[row * vocab + j] = from_f32<S>((p - (j == target ? 1.f : 0.f)) * scale);
+    z[row * vocab + j] = from_f32<S>(target == kIgnoreTarget ? 0.f : (p - (j == target ? 1.f : 0.f)) * scale);
   }
 }
 

@@ -16,8 +16,11 @@
 // the FlashAttention-2 CPU kernels for attention) and rounds its output back to 16 bits.
 //
 // Step semantics: gradients are zeroed once per optimizer step and accumulated over accum_steps
-// micro-batches; the loss gradient of every token is loss_scale / (tokens of all micro-batches), so
-// accumulation equals one large batch up to rounding. Gradients are unscaled in fp32 before the
+// micro-batches; the loss gradient of every counted token is loss_scale / (counted tokens of all
+// micro-batches), so accumulation equals one large batch up to rounding, also when the micro-batches
+// count different numbers of tokens. A target of kIgnoreTarget (-1, padding) counts no loss. The
+// common mistake, each micro-batch's mean loss averaged (mean of means), is kept as an option so that
+// its error can be measured. Gradients are unscaled in fp32 before the
 // update; with dynamic loss scaling a step with a non-finite gradient is skipped (LossScaler). AdamW
 // decays matrices only (not norm weights); the learning rate warms up linearly over warmup_steps.
 #pragma once
@@ -34,6 +37,22 @@
 
 namespace memtrade::model {
 
+// Activation checkpointing: which activations the forward keeps for the backward, and what the
+// backward computes again. The recomputation runs the same operations in the same order on the same
+// inputs, so gradients are bit-identical to `none`'s under every precision policy.
+//   none       every layer keeps what its backward needs (the activations train_core.hpp lists)
+//   full       each layer keeps only its input; its forward runs again in the backward
+//   every_k    every k-th layer keeps its input (k = checkpoint_every); a segment of k layers runs
+//              again as a whole, keeping its activations until its backward is done: about L/k + k
+//              layers' worth, least near k = sqrt(L)
+//   selective  every layer keeps all but the RMSNorm outputs, which the backward computes again from
+//              the kept input and per-row RMS factor (cheap element-wise work, no GEMM)
+// The last segment (full, every_k) is not dropped: the backward starts there and would recompute it
+// at once.
+enum class Checkpoint { none, full, every_k, selective };
+const char* checkpoint_name(Checkpoint c);
+Checkpoint parse_checkpoint(const std::string& name);  // Error naming the accepted names
+
 struct TrainOptions {
   precision::Policy policy = precision::Policy::fp32;
   bool float64 = false;         // the float64 reference: every value and operation in double (policy ignored)
@@ -44,6 +63,9 @@ struct TrainOptions {
   uint64_t seed = 0;            // stream of the stochastic rounding bits (bf16-pure)
   double init_scale = 65536.0;  // dynamic loss scaling (fp16-mixed), PyTorch's defaults
   int64_t growth_interval = 2000;
+  Checkpoint checkpoint = Checkpoint::none;
+  int64_t checkpoint_every = 1;  // k of every_k
+  bool mean_of_means = false;    // the accumulation mistake: each micro-batch's mean loss, averaged
   bool inference_only = false;  // weights and the forward only: no gradients, master copy or moments
                                 // (eval_loss and linear_inputs work; step and gradients throw)
 };
@@ -60,14 +82,19 @@ struct StepStats {
   // how many were nonzero, and how many of those round to zero in fp16. For the fp16 policies this is
   // the underflow that happened; for the others, the underflow fp16 storage would have caused.
   int64_t grad_nonzero = 0, grad_underflow_fp16 = 0;
+  int64_t tokens = 0;             // counted (non-ignored) targets of the step's micro-batches
+  int64_t recomputed_layers = 0;  // layer forwards the backward ran again (activation checkpointing)
 };
+
+// Targets that count a loss (not kIgnoreTarget).
+int64_t counted_targets(const datasets::Batch& b);
 
 class Trainer {
  public:
   virtual ~Trainer() = default;
   // One optimizer step over accum_steps micro-batches, each [batch x seq] inputs and targets.
   virtual StepStats step(std::span<const datasets::Batch> micro) = 0;
-  // Mean loss of a batch at the current weights (forward only).
+  // Mean loss over a batch's counted targets at the current weights (forward only).
   virtual double eval_loss(const datasets::Batch& b) = 0;
   // The logits of a batch at the current weights (forward only), as fp32 [batch * seq x vocab].
   virtual std::vector<float> logits(const datasets::Batch& b) = 0;
@@ -75,6 +102,9 @@ class Trainer {
   // (scaled by the loss scaler's current scale, stored in the policy's gradient type, unscaled as the
   // optimizer would), per parameter in the layout's order, as double. No update: the weights are unchanged.
   virtual std::vector<double> gradients(const datasets::Batch& b) = 0;
+  // The same over micro-batches, as a step accumulates them (the loss normalized by their counted
+  // tokens, or their means averaged under mean_of_means).
+  virtual std::vector<double> gradients(std::span<const datasets::Batch> micro) = 0;
   // The working weights (what the forward reads), as fp32.
   virtual std::vector<float> params() const = 0;
   virtual const precision::LossScaler& scaler() const = 0;
@@ -104,7 +134,8 @@ std::unique_ptr<Trainer> make_trainer_cpu(const Config& c, const TrainOptions& o
 std::unique_ptr<Trainer> make_trainer_cuda(const Config& c, const TrainOptions& o, Device& dev,
                                            std::span<const float> init);
 
-// Checks a batch's shape against the options and its ids against the vocabulary.
+// Checks a batch's shape against the options, its ids against the vocabulary and its targets against
+// the vocabulary or kIgnoreTarget.
 void check_batch(const Config& c, const TrainOptions& o, const datasets::Batch& b);
 
 }  // namespace memtrade::model

@@ -55,11 +55,7 @@ class TrainerCore : public Trainer {
                  std::to_string(o_.accum_steps));
     StepStats s;
     s.loss_scale = scaler_.scale();
-    zero_grads();
-    double loss = 0;
-    for (const auto& b : micro)
-      loss += forward_backward(b, static_cast<C>(s.loss_scale) / static_cast<C>(rows() * o_.accum_steps), &s);
-    s.loss = loss / static_cast<double>(micro.size());
+    accumulate(micro, s);
     be().read_counters(s);
     s.applied = optimizer_step(s);
     dev_.synchronize();
@@ -68,24 +64,29 @@ class TrainerCore : public Trainer {
   }
 
   double eval_loss(const datasets::Batch& b) override {
+    const int64_t n = counted_targets(b);
+    MT_CHECK(n > 0, "eval_loss: the batch counts no target (all ignored)");
     load_batch(b);
     Acts a;
-    return forward(a);
+    return forward(a, false) / static_cast<double>(n);
   }
 
   std::vector<float> logits(const datasets::Batch& b) override {
     load_batch(b);
     Acts a;
-    forward(a);
+    forward(a, false);
     return be().widen(a.logits.template as<S>(), rows() * c_.vocab);
   }
 
   // Through the policy's real path: the loss multiplied by the loss scaler's current scale (1 when the
   // policy does not scale), the gradient stored in S, then unscaled as the optimizer step unscales it.
-  std::vector<double> gradients(const datasets::Batch& b) override {
-    zero_grads();
-    const float scale = scaler_.scale(), inv = scaler_.inv_scale();
-    forward_backward(b, static_cast<C>(scale) / static_cast<C>(rows()), nullptr);
+  std::vector<double> gradients(const datasets::Batch& b) override { return gradients(std::span(&b, 1)); }
+
+  std::vector<double> gradients(std::span<const datasets::Batch> micro) override {
+    StepStats s;
+    s.loss_scale = scaler_.scale();
+    accumulate(micro, s);
+    const float scale = s.loss_scale, inv = scaler_.inv_scale();
     if constexpr (std::is_same_v<S, double>) {  // the float64 reference: every bit of its gradient
       const double* g = grads_.template as<double>();
       std::vector<double> out(g, g + L_.total);
@@ -108,7 +109,7 @@ class TrainerCore : public Trainer {
   std::vector<LinearInputs> linear_inputs(const datasets::Batch& b) override {
     load_batch(b);
     Acts a;
-    forward(a);
+    forward(a, false);
     const int64_t R = rows(), D = c_.dim, F = c_.ffn;
     std::vector<LinearInputs> out;
     for (auto& A : a.layer) {
@@ -189,54 +190,125 @@ class TrainerCore : public Trainer {
     be().clear_counters();
   }
 
-  // Runs the forward pass on the loaded batch, keeping activations in `a`; returns the mean loss.
-  double forward(Acts& a) {
-    const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab;
+  // Zeroes the gradients and accumulates those of the micro-batches' loss (token-normalized, or the mean
+  // of their means under o_.mean_of_means), scaled by s.loss_scale; s receives the loss, the counted
+  // tokens and the recomputation count.
+  void accumulate(std::span<const datasets::Batch> micro, StepStats& s) {
+    zero_grads();
+    for (const auto& b : micro) s.tokens += counted_targets(b);
+    MT_CHECK(s.tokens > 0, "training: the micro-batches count no target (all ignored)");
+    const auto k = static_cast<int64_t>(micro.size());
+    double loss = 0;
+    for (const auto& b : micro) {
+      if (o_.mean_of_means) {  // each micro-batch's mean, averaged: wrong when their token counts differ
+        const int64_t n = counted_targets(b);
+        if (n == 0) continue;
+        loss += forward_backward(b, static_cast<C>(s.loss_scale) / static_cast<C>(n * k), &s) /
+                static_cast<double>(n * k);
+      } else {
+        loss += forward_backward(b, static_cast<C>(s.loss_scale) / static_cast<C>(s.tokens), &s);
+      }
+    }
+    s.loss = o_.mean_of_means ? loss : loss / static_cast<double>(s.tokens);
+  }
+
+  // Layers whose forward the checkpointing policy runs again in the backward: a segment of k layers
+  // keeps the input of its first layer only (0: no segments). The last segment is never dropped.
+  int64_t segment_layers() const {
+    switch (o_.checkpoint) {
+      case Checkpoint::full: return 1;
+      case Checkpoint::every_k: return std::min(o_.checkpoint_every, c_.layers);
+      default: return 0;
+    }
+  }
+  int64_t last_segment_start() const {
+    const int64_t k = segment_layers();
+    return (c_.layers - 1) / k * k;
+  }
+
+  // Layer l's forward from A.x_in: fills A's other activations and returns the layer's output.
+  Buffer layer_forward(int64_t l, LayerActs& A) {
+    const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn;
+    const auto& P = L_.layer[l];
+    A.rms1 = act(R, sizeof(C));
+    A.xn1 = act(R * D);
+    be().rmsnorm_fwd(A.x_in.template as<S>(), W(P.attn_norm), A.xn1.template as<S>(), A.rms1.template as<C>());
+    A.q = act(R * D);
+    A.k = act(R * KV);
+    A.v = act(R * KV);
+    A.o = act(R * D);
+    A.attn = act(be().attention_saved_bytes(), 1);
+    {
+      Buffer lin = ws(R * D);
+      be().gemm(false, true, R, D, D, A.xn1.template as<S>(), W(P.wq), lin.template as<S>(), false);
+      be().to_heads(lin.template as<S>(), A.q.template as<S>(), c_.heads, true);
+      be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wk), lin.template as<S>(), false);
+      be().to_heads(lin.template as<S>(), A.k.template as<S>(), c_.kv_heads, true);
+      be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wv), lin.template as<S>(), false);
+      be().to_heads(lin.template as<S>(), A.v.template as<S>(), c_.kv_heads, false);
+    }
+    be().attention_fwd(A);
+    A.x_mid = act(R * D);
+    {
+      Buffer ot = ws(R * D);
+      be().from_heads(A.o.template as<S>(), ot.template as<S>(), c_.heads, false);
+      copy_rows(A.x_in, A.x_mid, R * D);
+      be().gemm(false, true, R, D, D, ot.template as<S>(), W(P.wo), A.x_mid.template as<S>(), true);
+    }
+    A.rms2 = act(R, sizeof(C));
+    A.xn2 = act(R * D);
+    be().rmsnorm_fwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.xn2.template as<S>(), A.rms2.template as<C>());
+    A.g = act(R * F);
+    A.u = act(R * F);
+    be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wg), A.g.template as<S>(), false);
+    be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wu), A.u.template as<S>(), false);
+    Buffer x = act(R * D);
+    {
+      Buffer h = ws(R * F);
+      be().swiglu(A.g.template as<S>(), A.u.template as<S>(), h.template as<S>(), R * F);
+      copy_rows(A.x_mid, x, R * D);
+      be().gemm(false, true, R, D, F, h.template as<S>(), W(P.wd), x.template as<S>(), true);
+    }
+    return x;
+  }
+
+  // What the checkpointing policy drops of layer l once its forward is done (training forward only).
+  void drop_after_forward(int64_t l, LayerActs& A) {
+    if (o_.checkpoint == Checkpoint::selective) {
+      A.xn1.reset();
+      A.xn2.reset();
+      return;
+    }
+    const int64_t k = segment_layers();
+    if (k == 0 || l >= last_segment_start()) return;
+    Buffer input = std::move(A.x_in);
+    A = LayerActs{};
+    if (l % k == 0) A.x_in = std::move(input);  // the segment's checkpoint
+  }
+
+  // Before layer l's backward: runs its segment's forward again when it was dropped.
+  void recompute_segment(int64_t l, Acts& a, StepStats* s) {
+    const int64_t k = segment_layers();
+    if (k == 0 || a.layer[l].q.data() != nullptr) return;
+    const int64_t first = l / k * k;
+    for (int64_t j = first; j <= l; ++j) {
+      Buffer out = layer_forward(j, a.layer[j]);
+      if (j < l) a.layer[j + 1].x_in = std::move(out);
+    }
+    if (s) s->recomputed_layers += l - first + 1;
+  }
+
+  // Runs the forward pass on the loaded batch, keeping activations in `a` (a training forward drops
+  // what the checkpointing policy says); returns the sum of the counted rows' losses.
+  double forward(Acts& a, bool training) {
+    const int64_t R = rows(), D = c_.dim, V = c_.vocab;
     Buffer x = act(R * D);
     be().embedding_fwd(ids_.template as<int32_t>(), W(L_.embed), x.template as<S>());
     for (int64_t l = 0; l < c_.layers; ++l) {
-      const auto& P = L_.layer[l];
       LayerActs& A = a.layer.emplace_back();
       A.x_in = std::move(x);
-      A.rms1 = act(R, sizeof(C));
-      A.xn1 = act(R * D);
-      be().rmsnorm_fwd(A.x_in.template as<S>(), W(P.attn_norm), A.xn1.template as<S>(), A.rms1.template as<C>());
-      A.q = act(R * D);
-      A.k = act(R * KV);
-      A.v = act(R * KV);
-      A.o = act(R * D);
-      A.attn = act(be().attention_saved_bytes(), 1);
-      {
-        Buffer lin = ws(R * D);
-        be().gemm(false, true, R, D, D, A.xn1.template as<S>(), W(P.wq), lin.template as<S>(), false);
-        be().to_heads(lin.template as<S>(), A.q.template as<S>(), c_.heads, true);
-        be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wk), lin.template as<S>(), false);
-        be().to_heads(lin.template as<S>(), A.k.template as<S>(), c_.kv_heads, true);
-        be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wv), lin.template as<S>(), false);
-        be().to_heads(lin.template as<S>(), A.v.template as<S>(), c_.kv_heads, false);
-      }
-      be().attention_fwd(A);
-      A.x_mid = act(R * D);
-      {
-        Buffer ot = ws(R * D);
-        be().from_heads(A.o.template as<S>(), ot.template as<S>(), c_.heads, false);
-        copy_rows(A.x_in, A.x_mid, R * D);
-        be().gemm(false, true, R, D, D, ot.template as<S>(), W(P.wo), A.x_mid.template as<S>(), true);
-      }
-      A.rms2 = act(R, sizeof(C));
-      A.xn2 = act(R * D);
-      be().rmsnorm_fwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.xn2.template as<S>(), A.rms2.template as<C>());
-      A.g = act(R * F);
-      A.u = act(R * F);
-      be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wg), A.g.template as<S>(), false);
-      be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wu), A.u.template as<S>(), false);
-      x = act(R * D);
-      {
-        Buffer h = ws(R * F);
-        be().swiglu(A.g.template as<S>(), A.u.template as<S>(), h.template as<S>(), R * F);
-        copy_rows(A.x_mid, x, R * D);
-        be().gemm(false, true, R, D, F, h.template as<S>(), W(P.wd), x.template as<S>(), true);
-      }
+      x = layer_forward(l, A);
+      if (training) drop_after_forward(l, A);
     }
     a.x_final = std::move(x);
     a.rmsf = act(R, sizeof(C));
@@ -244,14 +316,15 @@ class TrainerCore : public Trainer {
     be().rmsnorm_fwd(a.x_final.template as<S>(), W(L_.final_norm), a.xnf.template as<S>(), a.rmsf.template as<C>());
     a.logits = act(R * V);
     be().gemm(false, true, R, V, D, a.xnf.template as<S>(), W(L_.head), a.logits.template as<S>(), false);
-    return be().ce_loss_sum(a.logits.template as<S>(), targets_.template as<int32_t>()) / static_cast<double>(R);
+    return be().ce_loss_sum(a.logits.template as<S>(), targets_.template as<int32_t>());
   }
 
   // Forward and backward of one micro-batch; gradients accumulate. `scale`: d(loss)/d(token loss).
+  // Returns the sum of its counted rows' losses.
   double forward_backward(const datasets::Batch& batch, C scale, StepStats* s) {
     load_batch(batch);
     Acts a;
-    const double loss = forward(a);
+    const double loss = forward(a, true);
     const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab;
     be().ce_bwd(a.logits.template as<S>(), targets_.template as<int32_t>(), scale);  // dlogits in place
     const S* dz = a.logits.template as<S>();
@@ -264,11 +337,20 @@ class TrainerCore : public Trainer {
       a.logits.reset();
       be().rmsnorm_bwd(a.x_final.template as<S>(), W(L_.final_norm), a.rmsf.template as<C>(), dxn.template as<S>(),
                        dres.template as<S>(), G(L_.final_norm));
+      a.x_final.reset();
+      a.rmsf.reset();
+      a.xnf.reset();
     }
     for (int64_t l = c_.layers - 1; l >= 0; --l) {
       const auto& P = L_.layer[l];
+      recompute_segment(l, a, s);
       LayerActs& A = a.layer[l];
       S* dr = dres.template as<S>();
+      const bool selective = o_.checkpoint == Checkpoint::selective;
+      if (selective) {  // the MLP's norm output, again from the kept input and RMS factor
+        A.xn2 = act(R * D);
+        be().rmsnorm_fwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.xn2.template as<S>(), A.rms2.template as<C>());
+      }
       // MLP: x_out = x_mid + Wd h
       {
         Buffer h = ws(R * F), dh = ws(R * F);
@@ -285,6 +367,11 @@ class TrainerCore : public Trainer {
         be().gemm(false, false, R, D, F, A.u.template as<S>(), W(P.wu), dxn.template as<S>(), true);
         A.g.reset();
         A.u.reset();
+        if (selective) {
+          A.xn2.reset();
+          A.xn1 = act(R * D);
+          be().rmsnorm_fwd(A.x_in.template as<S>(), W(P.attn_norm), A.xn1.template as<S>(), A.rms1.template as<C>());
+        }
         be().rmsnorm_bwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.rms2.template as<C>(), dxn.template as<S>(), dr,
                          G(P.mlp_norm));
       }

@@ -336,10 +336,29 @@ TEST(Layers, CrossEntropyStableAtLargeLogitsAndInPlace) {
 }
 
 TEST(Layers, CrossEntropyBadTargetsAreErrors) {
-  const std::vector<int32_t> ok = {0, 7}, bad = {8}, negative = {0, 1, -100};
-  EXPECT_EQ(error_of([&] { check_targets(ok.data(), 2, 8); }), "(no error)");
-  EXPECT_EQ(error_of([&] { check_targets(bad.data(), 1, 8); }), "target 8 at position 0 is outside [0, 8)");
-  EXPECT_EQ(error_of([&] { check_targets(negative.data(), 3, 8); }), "target -100 at position 2 is outside [0, 8)");
+  const std::vector<int32_t> ok = {0, 7, kIgnoreTarget}, bad = {8}, negative = {0, 1, -100};
+  EXPECT_EQ(error_of([&] { check_targets(ok.data(), 3, 8); }), "(no error)");
+  EXPECT_EQ(error_of([&] { check_targets(bad.data(), 1, 8); }),
+            "target 8 at position 0 is outside [0, 8) and is not the ignore value -1");
+  EXPECT_EQ(error_of([&] { check_targets(negative.data(), 3, 8); }),
+            "target -100 at position 2 is outside [0, 8) and is not the ignore value -1");
+}
+
+// An ignored target counts no loss and gets no gradient; the mean is over the counted rows.
+TEST(Layers, CrossEntropyIgnoredTargets) {
+  const double z[6] = {0, std::log(3.0), 5, -2, 0, std::log(3.0)};
+  const int32_t t[3] = {1, kIgnoreTarget, 0};
+  double rl[3];
+  const double mean = cross_entropy_forward(z, t, 3, 2, rl);
+  EXPECT_EQ(rl[1], 0.0);
+  EXPECT_NEAR(mean, 0.5 * (std::log(4.0 / 3.0) + std::log(4.0)), 1e-15);
+  double dz[6];
+  cross_entropy_backward(z, t, 3, 2, 0.5, dz);
+  EXPECT_EQ(dz[2], 0.0);
+  EXPECT_EQ(dz[3], 0.0);
+  EXPECT_NEAR(dz[0], 0.5 * 0.25, 1e-15);
+  const int32_t none[1] = {kIgnoreTarget};
+  EXPECT_TRUE(std::isnan(cross_entropy_forward(z, none, 1, 2)));
 }
 
 // ---------------- AdamW ----------------

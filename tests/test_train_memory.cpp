@@ -1,0 +1,218 @@
+// Activation checkpointing and gradient accumulation in the training step (model/train_core.hpp):
+// checkpointed gradients equal the plain step's bit for bit under every precision policy, each policy's
+// activation peak is the exact figure its keep/recompute rule gives, and k micro-batches of b give the
+// gradient of one batch of k*b (token-normalized, also with unequal token counts) at b's memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/layers.hpp"
+#include "model_fixtures.hpp"
+#include "test_util.hpp"
+
+namespace memtrade {
+namespace {
+
+using model::Checkpoint;
+using model::Config;
+using model::TrainOptions;
+using precision::Policy;
+
+Config four_layers() {
+  Config c = test::tiny_model();
+  c.layers = 4;
+  return c;
+}
+
+TEST(Checkpoint, NamesRoundTrip) {
+  for (Checkpoint c : {Checkpoint::none, Checkpoint::full, Checkpoint::every_k, Checkpoint::selective})
+    EXPECT_EQ(model::parse_checkpoint(model::checkpoint_name(c)), c);
+  EXPECT_EQ(test::error_of([] { model::parse_checkpoint("sqrt"); }),
+            "unknown checkpointing policy \"sqrt\" (none, full, every-k, selective)");
+  TrainOptions o = test::train_options(Policy::fp32);
+  o.checkpoint_every = 0;
+  EXPECT_EQ(test::error_of([&] { model::validate(four_layers(), o); }), "training: checkpoint_every must be >= 1, got 0");
+}
+
+struct Measured {
+  std::vector<double> grads;
+  std::vector<float> params_after;  // after two optimizer steps
+  int64_t recomputed = 0;
+  std::size_t act_peak = 0;         // tag activations, during one step
+};
+
+Measured measure(const Config& c, TrainOptions o, bool float64 = false) {
+  o.float64 = float64;
+  auto dev = make_cpu_device();
+  auto t = model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 3));
+  Measured m;
+  const auto probe = test::random_tokens(o.batch, o.seq, 11);
+  m.grads = t->gradients(probe);
+  for (uint64_t s = 0; s < 2; ++s) {
+    const datasets::Batch micro[] = {test::random_tokens(o.batch, o.seq, 40 + s)};
+    dev->memory().reset_peak();
+    const auto st = t->step(micro);
+    m.recomputed = st.recomputed_layers;
+    m.act_peak = dev->memory().by_tag(Tag::activations).peak;
+  }
+  m.params_after = t->params();
+  return m;
+}
+
+// Recomputation runs the same operations in the same order: every gradient bit and every updated
+// weight equal the plain step's, under every precision policy and the float64 reference.
+TEST(Checkpoint, GradientsAndUpdatesBitIdenticalUnderEveryPolicy) {
+  const Config c = four_layers();
+  struct P { Policy p; bool f64; };
+  std::vector<P> policies = {{Policy::fp32, true}};
+  for (Policy p : precision::all_policies) policies.push_back({p, false});
+  for (const auto& [policy, f64] : policies) {
+    TrainOptions o = test::train_options(policy);
+    const Measured plain = measure(c, o, f64);
+    for (auto [cp, k] : {std::pair{Checkpoint::full, 1}, {Checkpoint::every_k, 2}, {Checkpoint::every_k, 3},
+                         {Checkpoint::selective, 1}}) {
+      o.checkpoint = cp;
+      o.checkpoint_every = k;
+      const Measured m = measure(c, o, f64);
+      const std::string what = std::string(f64 ? "float64" : precision::policy_name(policy)) + " / " +
+                               model::checkpoint_name(cp) + " k=" + std::to_string(k);
+      ASSERT_EQ(m.grads.size(), plain.grads.size());
+      for (std::size_t i = 0; i < m.grads.size(); ++i)
+        ASSERT_EQ(m.grads[i], plain.grads[i]) << what << " gradient " << i;
+      for (std::size_t i = 0; i < m.params_after.size(); ++i)
+        ASSERT_EQ(m.params_after[i], plain.params_after[i]) << what << " parameter " << i;
+      EXPECT_LT(m.act_peak, plain.act_peak) << what;
+    }
+  }
+}
+
+// Layers run again per step: full recomputes all but the last layer; every-k all but the last segment.
+TEST(Checkpoint, RecomputedLayers) {
+  for (int64_t layers : {1, 4, 5}) {
+    Config c = test::tiny_model();
+    c.layers = layers;
+    TrainOptions o = test::train_options(Policy::fp32);
+    EXPECT_EQ(measure(c, o).recomputed, 0);
+    o.checkpoint = Checkpoint::full;
+    EXPECT_EQ(measure(c, o).recomputed, layers - 1) << layers;
+    o.checkpoint = Checkpoint::every_k;
+    o.checkpoint_every = 2;
+    EXPECT_EQ(measure(c, o).recomputed, (layers - 1) / 2 * 2) << layers;
+    o.checkpoint = Checkpoint::selective;
+    EXPECT_EQ(measure(c, o).recomputed, 0);
+  }
+}
+
+// The activation peak falls by exactly what each policy does not keep. The step's peak is the end of
+// the forward (every kept layer plus the logits); one layer keeps, in bytes of the storage type S:
+// 6 [R x D] (input, two norm outputs, q, o, residual), 2 [R x KV] (k, v), 2 [R x F] (gate, up), plus
+// two fp32 RMS factors per row and the attention's fp32 log-sum-exp per (head, row).
+TEST(Checkpoint, ActivationPeakFollowsTheKeepRule) {
+  const Config c = four_layers();
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed}) {
+    TrainOptions o = test::train_options(p);
+    const std::size_t s = p == Policy::fp32 ? 4 : 2, R = static_cast<std::size_t>(o.batch * o.seq);
+    const std::size_t D = static_cast<std::size_t>(c.dim), KV = static_cast<std::size_t>(c.kv_dim()),
+                      F = static_cast<std::size_t>(c.ffn), H = static_cast<std::size_t>(c.heads);
+    const std::size_t layer = s * R * (6 * D + 2 * KV + 2 * F) + 2 * R * 4 + H * R * 4, input = s * R * D;
+    const std::size_t none = measure(c, o).act_peak;
+    o.checkpoint = Checkpoint::full;
+    EXPECT_EQ(none - measure(c, o).act_peak, 3 * (layer - input)) << policy_name(p);
+    o.checkpoint = Checkpoint::every_k;
+    o.checkpoint_every = 2;  // layers 0-1 keep layer 0's input; 2-3 are the last segment
+    EXPECT_EQ(none - measure(c, o).act_peak, 2 * layer - input) << policy_name(p);
+    o.checkpoint = Checkpoint::selective;
+    EXPECT_EQ(none - measure(c, o).act_peak, 4 * 2 * s * R * D) << policy_name(p);
+  }
+}
+
+// ---- gradient accumulation ----
+
+// Splits a batch of k*b sequences into k micro-batches of b.
+std::vector<datasets::Batch> split(const datasets::Batch& whole, int64_t k) {
+  const int64_t b = whole.batch / k, n = b * whole.context;
+  std::vector<datasets::Batch> out(k);
+  for (int64_t i = 0; i < k; ++i) {
+    out[i].batch = b;
+    out[i].context = whole.context;
+    out[i].inputs.assign(whole.inputs.begin() + i * n, whole.inputs.begin() + (i + 1) * n);
+    out[i].targets.assign(whole.targets.begin() + i * n, whole.targets.begin() + (i + 1) * n);
+  }
+  return out;
+}
+
+double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct AccumRun {
+  std::vector<double> grads;
+  std::size_t act_peak = 0;
+};
+
+AccumRun accumulated(const Config& c, TrainOptions o, std::span<const datasets::Batch> micro) {
+  auto dev = make_cpu_device();
+  o.batch = micro[0].batch;
+  o.accum_steps = static_cast<int64_t>(micro.size());
+  auto t = model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 5));
+  AccumRun r;
+  dev->memory().reset_peak();
+  r.grads = t->gradients(micro);
+  r.act_peak = dev->memory().by_tag(Tag::activations).peak;
+  return r;
+}
+
+// k micro-batches of b give one batch of k*b's gradient (fp32: within reordering of the sums; float64:
+// to rounding), with equal and unequal counted tokens; the activation peak is b's, not k*b's.
+TEST(Accumulation, MicroBatchesEqualOneLargeBatch) {
+  const Config c = test::tiny_model();
+  const int64_t k = 4;
+  auto whole = test::random_tokens(8, 16, 77);
+  for (bool unequal : {false, true}) {
+    if (unequal)  // padding: micro-batch i counts 32 - 7 i of its 32 targets
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < 7 * i; ++j) whole.targets[i * 32 + 31 - j] = model::kIgnoreTarget;
+    const auto micro = split(whole, k);
+    const datasets::Batch one[] = {whole};
+    for (bool f64 : {true, false}) {
+      TrainOptions o = test::train_options(Policy::fp32);
+      o.float64 = f64;
+      const AccumRun big = accumulated(c, o, one), acc = accumulated(c, o, micro);
+      const double err = rel_l2(acc.grads, big.grads);
+      EXPECT_LT(err, f64 ? 1e-14 : 1e-6) << "unequal " << unequal << " float64 " << f64;
+      if (!f64) {
+        o.mean_of_means = true;  // the mistake: right only when every micro-batch counts the same tokens
+        const double wrong = rel_l2(accumulated(c, o, micro).grads, big.grads);
+        if (unequal) EXPECT_GT(wrong, 0.05) << "mean of means";
+        else EXPECT_LT(wrong, 1e-6) << "mean of means, equal counts";
+      }
+      const AccumRun single = accumulated(c, o, std::span(micro).first(1));
+      EXPECT_EQ(acc.act_peak, single.act_peak);
+      EXPECT_LT(acc.act_peak * 2, big.act_peak);
+    }
+  }
+}
+
+// A micro-batch may count no target (all padding); a step where none counts is an error.
+TEST(Accumulation, EmptyMicroBatches) {
+  const Config c = test::tiny_model();
+  auto micro = split(test::random_tokens(4, 16, 3), 2);
+  std::fill(micro[1].targets.begin(), micro[1].targets.end(), model::kIgnoreTarget);
+  TrainOptions o = test::train_options(Policy::fp32, 2);
+  o.accum_steps = 2;
+  auto dev = make_cpu_device();
+  auto t = model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 5));
+  const auto st = t->step(micro);
+  EXPECT_EQ(st.tokens, 32);
+  EXPECT_TRUE(std::isfinite(st.loss));
+  std::fill(micro[0].targets.begin(), micro[0].targets.end(), model::kIgnoreTarget);
+  EXPECT_EQ(test::error_of([&] { t->step(micro); }), "training: the micro-batches count no target (all ignored)");
+}
+
+}  // namespace
+}  // namespace memtrade
