@@ -20,6 +20,7 @@
 #include "harness/claims.hpp"
 #include "harness/stats.hpp"
 #include "model/train.hpp"
+#include "model/train_bench.hpp"
 #include "model/train_case.hpp"
 #include "precision/policies.hpp"
 
@@ -30,11 +31,6 @@ void register_technique(Registry& r);
 namespace {
 
 using model::TrainCase;
-
-// Bound on a policy's gradient error (relative L2 against the float64 step), in unit roundoffs of its
-// compute dtype: one step's gradient passes through a few dozen roundings per value (GEMM outputs,
-// norms, softmax, the stored activations), so errors of a few u are expected and 32 u is a failure.
-constexpr double kGradErrorUnits = 32;
 
 struct PrecisionProblem final : Problem {
   TrainCase tc;
@@ -327,13 +323,7 @@ void register_technique(Registry& r) {
   // The gradient of one step against the float64 step: a policy's error follows its compute dtype, so
   // each policy is bounded by a multiple of that dtype's unit roundoff (not by the fp32 reference).
   t.error_rule.judge = [](const Case&, const Problem&, const Impl& impl, const ErrorStats& e, const ErrorStats&) {
-    if (!e.finite()) return Verdict{false, "non-finite gradient"};
-    const double u = unit_roundoff(traits(parse_policy(impl.name)).compute);
-    const double bound = kGradErrorUnits * u;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "gradient rel_l2 %.3e vs bound %.3e (%g unit roundoffs of the compute dtype)",
-                  e.rel_l2, bound, kGradErrorUnits);
-    return Verdict{e.rel_l2 <= bound, buf};
+    return model::gradient_verdict(parse_policy(impl.name), e);
   };
   t.prepare = prepare;
   for (Backend be : {Backend::cpu, Backend::cuda})

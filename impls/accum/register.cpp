@@ -1,0 +1,129 @@
+// The `accum` technique: gradient accumulation. A case's optimizer step is `accum` micro-batches of
+// `batch` sequences; the implementations take the same tokens two ways:
+//   large-batch  (reference) one batch of accum x batch sequences per step
+//   accumulate   accum micro-batches, gradients zeroed before the first and added up, the loss
+//                normalized by the counted tokens of all micro-batches
+// With `pad` > 0 the micro-batches count different numbers of tokens (padding), where normalizing each
+// micro-batch by its own count and averaging (mean of means) goes wrong: mean_of_means_grad_rel_err
+// measures that mistake on the same micro-batches. The timed and memory-measured call is one optimizer
+// step; peak activations follow the micro-batch. `policy` and `checkpoint` compose the technique with
+// the precision policies and activation checkpointing.
+#include <cmath>
+#include <cstdio>
+
+#include "harness/claims.hpp"
+#include "harness/stats.hpp"
+#include "model/train_bench.hpp"
+
+namespace memtrade::accum {
+
+void register_technique(Registry& r);
+
+namespace {
+
+using model::TrainBench;
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+std::unique_ptr<Workload> make(const TrainBench& b, Device& dev, bool accumulate) {
+  model::TrainOptions o = b.tc.opts;
+  o.checkpoint = model::parse_checkpoint(b.kase.text("checkpoint", "none"));
+  if (!accumulate) {
+    o.batch *= o.accum_steps;
+    o.accum_steps = 1;
+  }
+  return std::make_unique<model::TrainBenchWorkload>(b, o, dev, !accumulate);
+}
+
+const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
+  for (const auto& r : recs)
+    if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
+  return nullptr;
+}
+
+// accum-eq: "gradient accumulation is equivalent to a larger batch". Per case with both implementations:
+// accumulate's gradient against large-batch's, in unit roundoffs of the compute dtype (`band`: within
+// the rounding a reordered sum gives); where the micro-batches count different tokens (pad > 0), the
+// mean-of-means normalization's gradient error in the same units (`mistake_band`: outside rounding, the
+// source's condition). Exact figures of one batch; validation losses, memory and time are reported.
+ClaimResult check_accum_eq(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Band band = claim_band(spec), mistake = claim_band(spec, "mistake_band");
+  std::string measured;
+  std::vector<std::string> verdicts;
+  for (const auto& r : recs) {
+    if (r.impl != "accumulate" || r.status != "ok") continue;
+    const Record* big = same_case(recs, r, "large-batch");
+    if (!big) continue;
+    const double u = unit_roundoff(precision::traits(precision::parse_policy(r.kase.params.value("policy", "fp32"))).compute);
+    const double diff = r.counter("grad_rel_diff_vs_reference") / u;
+    verdicts.push_back(decide(diff, 0, band));
+    const auto& kp = r.kase.params;
+    measured += fmt("%.0f x %.0f sequences, ", kp.value("accum", 1.0), kp.value("batch", 1.0)) +
+                kp.value("policy", std::string("fp32")) + ", checkpointing " + kp.value("checkpoint", std::string("none")) +
+                fmt(", pad %.2f: accumulate vs large batch %.2f u", kp.value("pad", 0.0), diff);
+    if (r.kase.params.value("pad", 0.0) > 0 && r.counters.count("mean_of_means_grad_rel_err")) {
+      const double wrong = r.counter("mean_of_means_grad_rel_err") / u;
+      verdicts.push_back(decide(wrong, 0, mistake));
+      measured += fmt(", mean of means %.3g u", wrong);
+    }
+    measured += fmt("; val loss %+.2f%%", 100 * (r.counter("val_loss") / big->counter("val_loss") - 1)) +
+                fmt(", activations x%.2f, step time x%.2f; ",
+                    r.counter("peak_bytes_activations") / big->counter("peak_bytes_activations"),
+                    stats::median(r.times_s) / stats::median(big->times_s));
+  }
+  if (verdicts.empty()) return {"", "out_of_scope", "needs accumulate and large-batch runs of one case"};
+  return {measured, combine_verdicts(verdicts),
+          "gradient relative L2 in unit roundoffs u of the compute dtype: token-normalized accumulation " + band.str() +
+              ", mean of means with unequal token counts " + mistake.str()};
+}
+
+}  // namespace
+
+void register_technique(Registry& r) {
+  Technique t;
+  t.name = "accum";
+  t.description = "gradient accumulation: accum micro-batches per step against one large batch";
+  auto params = model::train_bench_params();
+  params.push_back(text_param("checkpoint", "activation checkpointing policy of both implementations", "none",
+                              {"none", "full", "every-k", "selective"}));
+  t.schema.params = params;
+  t.validate = [](const Case& c) { model::read_train_case(c); };
+  t.schema.metrics = {
+      {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained before the timed step"},
+      {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
+      {"tokens_per_step", "tokens", Better::none, Gate::exact, 0, 0, "counted targets of the timed step"},
+      {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
+       "weights + master + grads + optimizer state, per parameter"},
+      {"recomputed_layers", "1", Better::lower, Gate::exact, 0, 0, "layer forwards run again in the timed step"},
+      {"recompute_flops_fraction", "1", Better::lower, Gate::report, 0, 0, "their FLOPs over the step's"},
+      {"grad_values_differ_vs_reference", "1", Better::none, Gate::report, 0, 0,
+       "gradient values that differ from the large batch's (sums reordered)"},
+      {"grad_rel_diff_vs_reference", "1", Better::lower, Gate::report, 0, 0,
+       "relative L2 difference from the large batch's gradient"},
+      {"mean_of_means_grad_rel_err", "1", Better::none, Gate::report, 0, 0,
+       "the gradient error if each micro-batch's mean loss were averaged (the common mistake)"},
+      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
+      {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last training step"},
+      {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
+      {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
+  };
+  t.error_rule.judge = [](const Case& c, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
+    return model::gradient_verdict(precision::parse_policy(c.text("policy", "fp32")), e);
+  };
+  t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return model::prepare_train_bench(c); };
+  for (Backend be : {Backend::cpu, Backend::cuda})
+    for (bool acc : {false, true})
+      t.impls.push_back(typed_impl<TrainBench>(
+          t.name, acc ? "accumulate" : "large-batch", acc ? Role::optimized : Role::reference, be,
+          std::string(be == Backend::cpu ? "CPU" : "CUDA") +
+              (acc ? " training step over accum micro-batches" : " training step over one batch of all the sequences"),
+          [acc](const TrainBench& b, Device& dev) { return make(b, dev, acc); }));
+  t.claims["accum-eq"] = check_accum_eq;
+  r.add(std::move(t));
+}
+
+}  // namespace memtrade::accum

@@ -1,0 +1,142 @@
+// The `checkpoint` technique: activation checkpointing of the model's training step (model/train.hpp's
+// Checkpoint), each policy an implementation of the same case:
+//   none       (reference) every layer keeps its activations for the backward
+//   full       each layer keeps its input; the backward runs its forward again
+//   every-k    every k-th layer keeps its input (k = `every`, default round(sqrt(layers))); segments of
+//              k layers run again as a whole
+//   selective  the RMSNorm outputs are computed again, everything else is kept
+// The timed and memory-measured call is one optimizer step (peak bytes per tag, tokens/s). Recomputation
+// repeats the same operations in the same order, so every policy's gradient must equal none's bit for bit
+// (grad_values_differ_vs_reference, gated at 0) under every precision policy (`policy` axis); the error
+// figures compare the step's gradient with the float64 step's. Counters: layers recomputed per step and
+// their share of the step's FLOPs, the validation loss after `steps` steps, model-state bytes/param.
+#include <cmath>
+#include <cstdio>
+
+#include "harness/claims.hpp"
+#include "harness/stats.hpp"
+#include "model/train_bench.hpp"
+
+namespace memtrade::checkpoint {
+
+void register_technique(Registry& r);
+
+namespace {
+
+using model::Checkpoint;
+using model::TrainBench;
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+int64_t every_k(const Case& c) {
+  const int64_t k = c.integer("every", 0);
+  return k > 0 ? k : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(c.integer("layers")))));
+}
+
+std::unique_ptr<Workload> make(const Case& c, const TrainBench& b, Device& dev, Checkpoint cp) {
+  model::TrainOptions o = b.tc.opts;
+  o.checkpoint = cp;
+  o.checkpoint_every = every_k(c);
+  return std::make_unique<model::TrainBenchWorkload>(b, o, dev, cp == Checkpoint::none);
+}
+
+const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
+  for (const auto& r : recs)
+    if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
+  return nullptr;
+}
+
+// Model state plus activations: what the step itself must hold (the CPU's fp32 staging of 16-bit GEMM
+// operands, tag workspace, is left out as in the precision claims: a GPU reads 16-bit operands directly).
+double state_and_activations(const Record& r) {
+  return r.counter("peak_bytes_weights") + r.counter("peak_bytes_grads") + r.counter("peak_bytes_master") +
+         r.counter("peak_bytes_optimizer") + r.counter("peak_bytes_activations");
+}
+
+// ckpt: "checkpointing saves 50-70% of memory for 20-30% more time". On the case where the plain step's
+// activations are the largest share of its memory: full checkpointing's saving of state + activations
+// (exact, tracked bytes; `band`) and its step time over the plain step's (`time_band`, +- the larger of
+// `noise` and the two repetition spreads). every-k's figures are reported beside them.
+ClaimResult check_ckpt(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Band band = claim_band(spec), time_band = claim_band(spec, "time_band");
+  const double noise = spec.data.value("noise", 0.05);
+  const Record* plain = nullptr;
+  for (const auto& r : recs)
+    if (r.impl == "none" && r.status == "ok" && same_case(recs, r, "full") &&
+        (!plain || r.counter("peak_bytes_activations") / state_and_activations(r) >
+                       plain->counter("peak_bytes_activations") / state_and_activations(*plain)))
+      plain = &r;
+  if (!plain) return {"", "out_of_scope", "needs none and full runs of one case"};
+  const Record* full = same_case(recs, *plain, "full");
+  const double saving = 1 - state_and_activations(*full) / state_and_activations(*plain);
+  const double act_saving = 1 - full->counter("peak_bytes_activations") / plain->counter("peak_bytes_activations");
+  const double share = plain->counter("peak_bytes_activations") / state_and_activations(*plain);
+  const double ratio = stats::median(full->times_s) / stats::median(plain->times_s);
+  const double u = ratio * std::max(noise, std::hypot(stats::cv(full->times_s), stats::cv(plain->times_s)));
+  const double layers = plain->kase.params.value("layers", 1.0);
+  std::string measured =
+      fmt("full: state + activations -%.0f%% (activations -%.0f%%, ", 100 * saving, 100 * act_saving) +
+      fmt("%.0f%% of the plain step's state + activations), step time x%.2f +- %.2f", 100 * share, ratio, u) +
+      fmt(" (recomputation adds %.0f%% to the step's FLOPs; one extra forward of all %.0f layers would add 33%%, the "
+          "source's 4/3)", 100 * full->counter("recompute_flops_fraction"), layers);
+  if (const Record* k = same_case(recs, *plain, "every-k"))
+    measured += fmt("; every-k: -%.0f%%, x%.2f", 100 * (1 - state_and_activations(*k) / state_and_activations(*plain)),
+                    stats::median(k->times_s) / stats::median(plain->times_s));
+  if (const Record* s = same_case(recs, *plain, "selective"))
+    measured += fmt("; selective: -%.0f%%, x%.2f", 100 * (1 - state_and_activations(*s) / state_and_activations(*plain)),
+                    stats::median(s->times_s) / stats::median(plain->times_s));
+  return {measured, combine_verdicts({decide(saving, 0, band), decide(ratio, u, time_band)}),
+          "case " + plain->kase.id + " (" + std::string(backend_name(plain->backend)) + "); memory band " + band.str() +
+              ", time band " + time_band.str() +
+              "; the saving is bounded by the activations' share of memory: model state is not recomputable"};
+}
+
+}  // namespace
+
+void register_technique(Registry& r) {
+  Technique t;
+  t.name = "checkpoint";
+  t.description = "activation checkpointing of the training step: none, full, every-k, selective";
+  auto params = model::train_bench_params();
+  params.push_back(int_param("every", "every-k's k (layers per recomputed segment); 0: round(sqrt(layers))", 0, 0));
+  t.schema.params = params;
+  t.validate = [](const Case& c) { model::read_train_case(c); };
+  t.schema.metrics = {
+      {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained before the timed step"},
+      {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
+      {"tokens_per_step", "tokens", Better::none, Gate::exact, 0, 0, "counted targets of the timed step"},
+      {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
+       "weights + master + grads + optimizer state, per parameter"},
+      {"recomputed_layers", "1", Better::lower, Gate::exact, 0, 0, "layer forwards run again in the timed step"},
+      {"recompute_flops_fraction", "1", Better::lower, Gate::report, 0, 0,
+       "their FLOPs over the plain step's (forward + backward)"},
+      {"grad_values_differ_vs_reference", "1", Better::lower, Gate::zero, 0, 0,
+       "gradient values that differ from the plain step's (recomputation must be bit-exact)"},
+      {"grad_rel_diff_vs_reference", "1", Better::lower, Gate::zero, 0, 0, "relative L2 difference from the plain step's gradient"},
+      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
+      {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last training step"},
+      {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
+      {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
+      {"mean_of_means_grad_rel_err", "1", Better::none, Gate::report, 0, 0,
+       "with accum > 1: the gradient error if each micro-batch's mean loss were averaged"},
+  };
+  t.error_rule.judge = [](const Case& c, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
+    return model::gradient_verdict(precision::parse_policy(c.text("policy", "fp32")), e);
+  };
+  t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return model::prepare_train_bench(c); };
+  for (Backend be : {Backend::cpu, Backend::cuda})
+    for (Checkpoint cp : {Checkpoint::none, Checkpoint::full, Checkpoint::every_k, Checkpoint::selective})
+      t.impls.push_back(typed_impl<TrainBench>(
+          t.name, model::checkpoint_name(cp), cp == Checkpoint::none ? Role::reference : Role::optimized, be,
+          std::string(be == Backend::cpu ? "CPU" : "CUDA") + " training step, checkpointing " +
+              model::checkpoint_name(cp),
+          [cp](const TrainBench& b, Device& dev) { return make(b.kase, b, dev, cp); }));
+  t.claims["ckpt"] = check_ckpt;
+  r.add(std::move(t));
+}
+
+}  // namespace memtrade::checkpoint

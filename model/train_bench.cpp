@@ -1,0 +1,189 @@
+#include "model/train_bench.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include "model/layers.hpp"
+
+namespace memtrade::model {
+
+std::vector<Param> train_bench_params() {
+  auto p = train_case_params();
+  std::vector<Json> policies;
+  for (precision::Policy x : precision::all_policies) policies.emplace_back(precision::policy_name(x));
+  p.push_back(text_param("policy", "precision policy of the training step", "fp32", policies));
+  p.push_back(int_param("accum", "micro-batches per optimizer step (gradient accumulation)", 1, 1));
+  p.push_back(num_param("pad", "padding: micro-batch i of k ignores the last pad*seq*i/(k-1) targets per sequence", 0.0,
+                        0, 1));
+  return p;
+}
+
+double layer_forward_flops_per_token(const Config& c, int64_t seq) {
+  const double D = static_cast<double>(c.dim), KV = static_cast<double>(c.kv_dim()), F = static_cast<double>(c.ffn);
+  return 2.0 * (2 * D * D + 2 * D * KV + 3 * D * F) + 2.0 * static_cast<double>(seq) * D;
+}
+
+Verdict gradient_verdict(precision::Policy p, const ErrorStats& e) {
+  if (!e.finite()) return Verdict{false, "non-finite gradient"};
+  const double bound = kGradErrorUnits * unit_roundoff(precision::traits(p).compute);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "gradient rel_l2 %.3e vs bound %.3e (%g unit roundoffs of the compute dtype)", e.rel_l2,
+                bound, kGradErrorUnits);
+  return Verdict{e.rel_l2 <= bound, buf};
+}
+
+datasets::Batch concatenate(std::span<const datasets::Batch> micro) {
+  MT_CHECK(!micro.empty(), "concatenate: no micro-batches");
+  datasets::Batch out;
+  out.context = micro[0].context;
+  for (const auto& m : micro) {
+    MT_CHECK(m.context == out.context, "concatenate: micro-batches of different sequence lengths");
+    out.batch += m.batch;
+    out.inputs.insert(out.inputs.end(), m.inputs.begin(), m.inputs.end());
+    out.targets.insert(out.targets.end(), m.targets.begin(), m.targets.end());
+  }
+  return out;
+}
+
+std::vector<datasets::Batch> TrainBench::micro_batches(int64_t step) const {
+  const int64_t k = tc.opts.accum_steps, b = tc.opts.batch, seq = tc.opts.seq;
+  std::vector<datasets::Batch> out;
+  for (int64_t i = 0; i < k; ++i) {
+    auto m = datasets::sample_batch(split.train, b, seq, tc.seed, static_cast<uint64_t>(step * k + i));
+    const auto ignored = k > 1 ? static_cast<int64_t>(std::lround(pad * static_cast<double>(seq * i) /
+                                                                  static_cast<double>(k - 1)))
+                               : 0;
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t t = seq - std::min(ignored, seq - 1); t < seq; ++t) m.targets[r * seq + t] = kIgnoreTarget;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<datasets::Batch> TrainBench::val_micro_batches() const {
+  std::vector<datasets::Batch> out;
+  for (int64_t j = 0; j < tc.eval_batches * tc.opts.accum_steps; ++j)
+    out.push_back(datasets::sample_batch(split.val, tc.opts.batch, tc.opts.seq, tc.seed + 1000, static_cast<uint64_t>(j)));
+  return out;
+}
+
+std::unique_ptr<TrainBench> prepare_train_bench(const Case& c) {
+  auto b = std::make_unique<TrainBench>();
+  b->kase = c;
+  b->tc = read_train_case(c);
+  b->tc.opts.policy = precision::parse_policy(c.text("policy", "fp32"));
+  b->tc.opts.accum_steps = c.integer("accum", 1);
+  b->pad = c.params.value("pad", 0.0);
+  MT_CHECK(b->tc.opts.accum_steps >= 1, "case " + c.id + ": accum must be >= 1");
+  MT_CHECK(b->pad >= 0 && b->pad <= 1, "case " + c.id + ": pad must lie in [0, 1]");
+  b->corpus = load_case_corpus(b->tc);
+  b->split = datasets::split(b->corpus);
+  b->init = init_params(b->tc.cfg, b->tc.seed);
+  auto dev = make_cpu_device();
+  TrainOptions o = b->tc.opts;
+  o.float64 = true;
+  b->oracle_grad = make_trainer_cpu(b->tc.cfg, o, *dev, b->init)->gradients(b->micro_batches(0));
+  return b;
+}
+
+TrainBenchWorkload::TrainBenchWorkload(const TrainBench& bench, const TrainOptions& o, Device& dev, bool reference)
+    : b_(bench), o_(o), dev_(dev) {
+  auto make = [&](const TrainOptions& opts) {
+    return dev.backend() == Backend::cpu ? make_trainer_cpu(b_.tc.cfg, opts, dev, b_.init)
+                                         : make_trainer_cuda(b_.tc.cfg, opts, dev, b_.init);
+  };
+  trainer_ = make(o_);
+  const auto probe = step_batches(0);
+  const auto g = trainer_->gradients(probe);
+  err_ = error_stats(g, b_.oracle_grad);
+  if (reference) {
+    b_.reference_grad[dev.backend()] = g;
+  } else if (const auto it = b_.reference_grad.find(dev.backend()); it != b_.reference_grad.end()) {
+    const ErrorStats d = error_stats(g, it->second);
+    int64_t differ = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) differ += g[i] != it->second[i];
+    counters_["grad_values_differ_vs_reference"] = static_cast<double>(differ);
+    counters_["grad_rel_diff_vs_reference"] = d.rel_l2;
+  }
+  if (o_.accum_steps > 1) {  // the same micro-batches with each one's mean loss averaged
+    TrainOptions wrong = o_;
+    wrong.mean_of_means = true;
+    auto t = make(wrong);
+    const auto gw = t->gradients(probe);
+    counters_["mean_of_means_grad_rel_err"] = error_stats(gw, b_.oracle_grad).rel_l2;
+  }
+
+  // Training, then validation on the same tokens whatever the batch shape.
+  int64_t applied_non_finite = 0;
+  double last = NAN;
+  bool diverged = false;
+  for (int64_t s = 0; s < b_.tc.steps && !diverged; ++s) {
+    const StepStats st = trainer_->step(step_batches(s));
+    applied_non_finite += st.non_finite && st.applied;
+    last = st.loss;
+    diverged = !std::isfinite(st.loss);
+  }
+  next_ = b_.tc.steps;
+  counters_["steps"] = static_cast<double>(b_.tc.steps);
+  counters_["params"] = static_cast<double>(param_layout(b_.tc.cfg).total);
+  counters_["non_finite_steps_applied"] = static_cast<double>(applied_non_finite);
+  if (std::isfinite(last)) counters_["train_loss_last"] = last;
+  if (!diverged) {
+    const auto val = b_.val_micro_batches();
+    const int64_t group = o_.batch / b_.tc.opts.batch;  // micro-batches per trainer batch
+    double sum = 0;
+    int64_t n = 0;
+    for (std::size_t j = 0; j + group <= val.size(); j += group, ++n)
+      sum += trainer_->eval_loss(group == 1 ? val[j] : concatenate(std::span(val).subspan(j, group)));
+    const double v = sum / static_cast<double>(n);
+    diverged = !std::isfinite(v);
+    if (!diverged) counters_["val_loss"] = v;
+  }
+  counters_["diverged"] = diverged ? 1.0 : 0.0;
+}
+
+std::vector<datasets::Batch> TrainBenchWorkload::step_batches(int64_t step) const {
+  auto micro = b_.micro_batches(step);
+  if (o_.accum_steps == static_cast<int64_t>(micro.size())) return micro;
+  MT_CHECK(o_.accum_steps == 1 && o_.batch == b_.tc.opts.batch * b_.tc.opts.accum_steps,
+           "training bench: a trainer must take the step's micro-batches or all of them at once");
+  return {concatenate(micro)};
+}
+
+void TrainBenchWorkload::run() {
+  const StepStats st = trainer_->step(step_batches(next_++));
+  recomputed_ = st.recomputed_layers;
+  counters_["tokens_per_step"] = static_cast<double>(st.tokens);
+}
+
+Work TrainBenchWorkload::work() const {
+  Work w;
+  const double tokens = static_cast<double>(o_.batch * o_.seq * o_.accum_steps);
+  w.flops = train_flops_per_token(b_.tc.cfg, o_.seq) * tokens +
+            layer_forward_flops_per_token(b_.tc.cfg, o_.seq) * static_cast<double>(recomputed_ * o_.batch * o_.seq);
+  w.gemm_dtype = dev_.backend() == Backend::cpu ? "fp32" : dtype_name(precision::traits(o_.policy).compute);
+  w.items = tokens;
+  w.item_unit = "tokens";
+  return w;
+}
+
+void TrainBenchWorkload::add_counters(std::map<std::string, double>& c) {
+  for (const auto& [k, v] : counters_) c[k] = v;
+  c["recomputed_layers"] = static_cast<double>(recomputed_);
+  const double step_flops = train_flops_per_token(b_.tc.cfg, o_.seq) * static_cast<double>(o_.batch * o_.seq * o_.accum_steps);
+  c["recompute_flops_fraction"] =
+      layer_forward_flops_per_token(b_.tc.cfg, o_.seq) * static_cast<double>(recomputed_ * o_.batch * o_.seq) / step_flops;
+  const auto& pool = dev_.memory();
+  const double state = static_cast<double>(pool.by_tag(Tag::weights).live + pool.by_tag(Tag::grads).live +
+                                           pool.by_tag(Tag::master).live + pool.by_tag(Tag::optimizer).live);
+  c["model_state_bytes_per_param"] = state / static_cast<double>(param_layout(b_.tc.cfg).total);
+}
+
+std::string TrainBenchWorkload::detail() {
+  return "corpus " + b_.corpus.source + " sha256 " + b_.corpus.sha256 + "; " + std::to_string(b_.tc.steps) +
+         " steps of " + std::to_string(o_.accum_steps) + " x " + std::to_string(o_.batch) + "x" +
+         std::to_string(o_.seq) + " tokens, policy " + precision::policy_name(o_.policy) + ", checkpointing " +
+         checkpoint_name(o_.checkpoint);
+}
+
+}  // namespace memtrade::model

@@ -1,0 +1,80 @@
+// One training case as the training-memory techniques (checkpoint, accum) measure it: the case's model,
+// corpus and options, the float64 gradient of its first step as the oracle, and a workload that trains
+// under the options an implementation sets and whose timed call is one optimizer step.
+//
+// A step is `accum` micro-batches of `batch` sequences (a trainer whose batch is the whole step, accum
+// 1, gets the same tokens concatenated). With `pad` > 0 the micro-batches count different numbers of
+// tokens, as variable-length documents padded to one length do: micro-batch i of k ignores the last
+// round(pad * seq * i / (k - 1)) targets of each sequence. Validation runs on the same tokens whatever
+// the trainer's batch shape.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/train_case.hpp"
+
+namespace memtrade::model {
+
+// The keys every training-memory suite shares: train_case_params() plus policy, accum, pad.
+std::vector<Param> train_bench_params();
+
+struct TrainBench : Problem {
+  Case kase;                    // the case, for a technique's own keys
+  TrainCase tc;                 // tc.opts: micro-batch shape, policy and accum_steps from the case
+  datasets::Corpus corpus;
+  datasets::Split split;
+  std::vector<float> init;
+  std::vector<double> oracle_grad;  // float64 gradient of step 0's micro-batches, token-normalized
+  double pad = 0;
+  // Gradients of step 0 of each backend's reference implementation (registered first), for the others
+  // to compare with.
+  mutable std::map<Backend, std::vector<double>> reference_grad;
+
+  std::vector<datasets::Batch> micro_batches(int64_t step) const;
+  std::vector<datasets::Batch> val_micro_batches() const;  // eval_batches x accum micro-batches
+};
+
+// Reads the case (train_bench_params) and computes the oracle; throws Error naming the problem.
+std::unique_ptr<TrainBench> prepare_train_bench(const Case& c);
+
+// A training step's gradient against the float64 step: a policy's error follows its compute dtype, so
+// it is bounded by kGradErrorUnits unit roundoffs of that dtype. One step's gradient passes through a
+// few dozen roundings per value (GEMM outputs, norms, softmax, the stored activations): errors of a few
+// u are expected and 32 u is a failure. NaN or Inf fails.
+constexpr double kGradErrorUnits = 32;
+Verdict gradient_verdict(precision::Policy p, const ErrorStats& e);
+
+// `k` micro-batches as one batch of k times their sequences.
+datasets::Batch concatenate(std::span<const datasets::Batch> micro);
+
+// FLOPs of one layer's forward per token: 2 x the layer's matrix parameters plus causal attention
+// (scores and values) 2 x seq x dim.
+double layer_forward_flops_per_token(const Config& c, int64_t seq);
+
+// Trains bench.tc.steps steps under `o` (batch, accum_steps, checkpointing, policy as the implementation
+// sets them), then evaluates; run() is one further optimizer step.
+class TrainBenchWorkload final : public Workload {
+ public:
+  TrainBenchWorkload(const TrainBench& bench, const TrainOptions& o, Device& dev, bool reference);
+  void run() override;
+  ErrorStats error() override { return err_; }
+  Work work() const override;
+  void add_counters(std::map<std::string, double>& c) override;
+  std::string detail() override;
+
+ private:
+  std::vector<datasets::Batch> step_batches(int64_t step) const;  // in the trainer's shape
+
+  const TrainBench& b_;
+  TrainOptions o_;
+  Device& dev_;
+  std::unique_ptr<Trainer> trainer_;
+  ErrorStats err_;
+  std::map<std::string, double> counters_;
+  int64_t next_ = 0, recomputed_ = 0;
+};
+
+}  // namespace memtrade::model
