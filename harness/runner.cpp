@@ -268,6 +268,11 @@ Record measure(const Technique&, const Impl& impl, const Case& c, const Problem&
     if (hs.peak > 0) {
       rec.counters["host_peak_bytes"] = static_cast<double>(hs.peak);
       rec.counters["host_peak_extra_bytes"] = static_cast<double>(hs.peak - host_before);
+      for (std::size_t t = 0; t < kTagCount; ++t) {
+        const auto s = host.by_tag(static_cast<Tag>(t));
+        if (s.peak > 0)
+          rec.counters["host_peak_bytes_" + std::string(tag_name(static_cast<Tag>(t)))] = static_cast<double>(s.peak);
+      }
     }
     if (backend_before) {
       // What the driver saw allocated while the workload is alive, beside what the allocator tracked:

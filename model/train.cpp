@@ -13,6 +13,7 @@
 #include "datasets/random.hpp"
 #include "impls/attention/attention.hpp"
 #include "common/blas.hpp"
+#include "model/cpu_adam.hpp"
 #include "model/layers.hpp"
 #include "model/train_core.hpp"
 
@@ -31,6 +32,9 @@ void validate(const Config& c, const TrainOptions& o) {
   MT_CHECK(o.eps > 0 && o.weight_decay >= 0, "training: eps must be > 0 and weight_decay >= 0");
   MT_CHECK(o.warmup_steps >= 0 && o.growth_interval > 0, "training: bad warmup_steps or growth_interval");
   MT_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "training: init_scale must be positive");
+  MT_CHECK(!o.offload || (!o.float64 && !o.inference_only && o.policy != Policy::bf16_pure),
+           "training: offload keeps fp32 master weights and moments on the host; it does not apply to bf16-pure, "
+           "the float64 reference or an inference-only trainer");
   MT_CHECK(o.checkpoint_every >= 1, "training: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));
 }
 
@@ -381,6 +385,16 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   }
 
   void adamw(const ParamTensor& pt, float lr, float wd, float bc1, float bc2, float inv, int64_t t) {
+    if constexpr (std::is_same_v<M, float>) {  // fp32 moments: the host AdamW kernel (the offload path's)
+      const AdamStep st{lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2, inv};
+      S* w = weights_.template as<S>() + pt.offset;
+      const S* g = grads_.template as<S>() + pt.offset;
+      float *m = m_.template as<float>() + pt.offset, *v = v_.template as<float>() + pt.offset;
+      if (master_) cpu_adamw<S, S>(st, master_buf_.template as<float>() + pt.offset, m, v, g, w, pt.size);
+      else if constexpr (std::is_same_v<S, float>) cpu_adamw<float, float>(st, w, m, v, g, nullptr, pt.size);
+      else throw Error("training: 16-bit weights with fp32 moments need a master copy");
+      return;
+    }
     using U = std::conditional_t<std::is_same_v<M, double>, double, float>;  // update arithmetic
     const int64_t P = L_.total;
     S* w = weights_.template as<S>();

@@ -11,6 +11,16 @@
 //                and the attention log-sum-exp in fp32); freed at the end of the backward
 //   workspace    GEMM staging, per-thread row scratch, attention tiles, transient gradients
 //   io           the batch's token ids and targets
+// ZeRO-Offload (TrainOptions::offload, one device): master weights (fp32, for every policy), both moments
+// and the gradients (in the weight dtype) live in the device's host pool (pinned on CUDA) with the same
+// tags; the device keeps only the working weights, plus during the backward one segment's gradients
+// (a layer, the head, the embedding; tag grads), which go to the host as soon as they are complete (the
+// first micro-batch of a step copies, later ones add on the host). AdamW runs on the host (cpu_adam.hpp)
+// and the updated weights go back to the device tile by tile. Bit-identical to the device step for one
+// micro-batch per step; over several, the host adds each micro-batch's gradient to the sum of the
+// previous ones (as DeepSpeed does), one more rounding of a 16-bit gradient per micro-batch and repeated
+// embedding rows summed per micro-batch first.
+// Not for bf16-pure (bf16 moments, stochastic rounding) or the float64 reference.
 // On the CPU, "bf16"/"fp16" compute means every stored value is rounded to 16 bits; each operation
 // loads 16-bit values, computes in fp32 (OpenBLAS sgemm on fp32 copies of the operands for GEMMs,
 // the FlashAttention-2 CPU kernels for attention) and rounds its output back to 16 bits.
@@ -66,6 +76,7 @@ struct TrainOptions {
   Checkpoint checkpoint = Checkpoint::none;
   int64_t checkpoint_every = 1;  // k of every_k
   bool mean_of_means = false;    // the accumulation mistake: each micro-batch's mean loss, averaged
+  bool offload = false;          // ZeRO-Offload: optimizer state, master weights and gradients on the host
   bool inference_only = false;  // weights and the forward only: no gradients, master copy or moments
                                 // (eval_loss and linear_inputs work; step and gradients throw)
 };
@@ -84,6 +95,10 @@ struct StepStats {
   int64_t grad_nonzero = 0, grad_underflow_fp16 = 0;
   int64_t tokens = 0;             // counted (non-ignored) targets of the step's micro-batches
   int64_t recomputed_layers = 0;  // layer forwards the backward ran again (activation checkpointing)
+  // Offload: bytes copied device -> host (gradients) and host -> device (updated weights), and the wall
+  // time of the host's part of the optimizer step (non-finite check, AdamW, weight copies).
+  int64_t bytes_to_host = 0, bytes_to_device = 0;
+  double host_optimizer_s = 0;
 };
 
 // Targets that count a loss (not kIgnoreTarget).

@@ -28,8 +28,11 @@
 #include <type_traits>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <vector>
 
+#include "model/cpu_adam.hpp"
 #include "model/train.hpp"
 
 namespace memtrade::model {
@@ -94,7 +97,7 @@ class TrainerCore : public Trainer {
         for (auto& x : out) x *= static_cast<double>(inv);
       return out;
     } else {
-      const auto g = be().widen(grads_.template as<S>(), L_.total);
+      const auto g = offload_ ? host_widen(grads_.template as<S>(), L_.total) : be().widen(grads_.template as<S>(), L_.total);
       std::vector<double> out(g.size());
       for (std::size_t i = 0; i < g.size(); ++i) out[i] = precision::unscale(g[i], inv);
       return out;
@@ -139,17 +142,32 @@ class TrainerCore : public Trainer {
     const int64_t P = L_.total;
     auto& pool = dev.memory();
     weights_ = Buffer(pool, P * sizeof(S), Tag::weights);
-    if (o.inference_only) master_ = false;
-    else {
+    if (o.offload) {  // validate() has ruled out bf16 moments, float64 and inference_only
+      if constexpr (kCanOffload) {
+        offload_ = true;
+        master_ = true;
+        auto& host = dev.host();
+        grads_ = Buffer(host, P * sizeof(S), Tag::grads);
+        m_ = Buffer(host, P * sizeof(M), Tag::optimizer);
+        v_ = Buffer(host, P * sizeof(M), Tag::optimizer);
+        master_buf_ = Buffer(host, P * sizeof(float), Tag::master);
+        std::memcpy(master_buf_.data(), init.data(), P * sizeof(float));
+        flushed_.assign(c.layers + 3, false);
+      } else {
+        throw Error("offload: needs fp32 AdamW moments (not bf16-pure or the float64 reference)");
+      }
+    } else if (o.inference_only) {
+      master_ = false;
+    } else {
       grads_ = Buffer(pool, P * sizeof(S), Tag::grads);
       m_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
       v_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
     }
-    if (master_) master_buf_ = Buffer(pool, P * sizeof(float), Tag::master);
+    if (master_ && !offload_) master_buf_ = Buffer(pool, P * sizeof(float), Tag::master);
     std::vector<S> w(P);
     for (int64_t i = 0; i < P; ++i) w[i] = store<S>(static_cast<C>(init[i]));
     dev.copy(weights_.data(), w.data(), P * sizeof(S), CopyKind::host_to_device);
-    if (master_) dev.copy(master_buf_.data(), init.data(), P * sizeof(float), CopyKind::host_to_device);
+    if (master_ && !offload_) dev.copy(master_buf_.data(), init.data(), P * sizeof(float), CopyKind::host_to_device);
     ids_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
     targets_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
   }
@@ -166,7 +184,12 @@ class TrainerCore : public Trainer {
   Buffer act(int64_t n, std::size_t elem = sizeof(S)) { return Buffer(dev_.memory(), n * elem, Tag::activations); }
   Buffer ws(int64_t n, std::size_t elem = sizeof(S)) { return Buffer(dev_.memory(), n * elem, Tag::workspace); }
   S* W(int64_t off) const { return weights_.template as<S>() + off; }
-  S* G(int64_t off) const { return grads_.template as<S>() + off; }
+  // A parameter's gradient: in the gradient buffer, or (offload) in the device's staged segment.
+  S* G(int64_t off) const {
+    if (!offload_) return grads_.template as<S>() + off;
+    MT_CHECK(off >= stage_lo_ && off < stage_hi_, "offload: a gradient outside the staged segment");
+    return stage_.template as<S>() + (off - stage_lo_);
+  }
   void copy_rows(const Buffer& src, Buffer& dst, int64_t n) {
     dev_.copy(dst.data(), src.data(), n * sizeof(S), CopyKind::device_to_device);
   }
@@ -180,14 +203,88 @@ class TrainerCore : public Trainer {
   // Called by the backend's constructor once its operations can run.
   void zero_moments() {
     if (o_.inference_only) return;
+    if (offload_) {
+      std::memset(m_.data(), 0, m_.bytes());
+      std::memset(v_.data(), 0, v_.bytes());
+      return;
+    }
     be().zero(m_.data(), m_.bytes());
     be().zero(v_.data(), v_.bytes());
   }
 
   void zero_grads() {
     MT_CHECK(!o_.inference_only, "training: this trainer was made for inference only (no gradients)");
-    be().zero(grads_.data(), grads_.bytes());
+    if (offload_) {
+      std::memset(grads_.data(), 0, grads_.bytes());
+      std::fill(flushed_.begin(), flushed_.end(), false);
+    } else {
+      be().zero(grads_.data(), grads_.bytes());
+    }
     be().clear_counters();
+  }
+
+  // Offload needs fp32 moments and a 32- or 16-bit storage type (not the float64 reference).
+  static constexpr bool kCanOffload = std::is_same_v<M, float> && !std::is_same_v<S, double>;
+
+  static std::vector<float> host_widen(const S* p, int64_t n) {
+    std::vector<float> v(n);
+    if constexpr (kCanOffload)
+      for (int64_t i = 0; i < n; ++i) v[i] = to_f32(p[i]);
+    return v;
+  }
+
+  // ---- offload: the device holds one segment's gradients at a time ----
+
+  // Segment ids: 0 the embedding (and a tied head), 1 + l layer l, L + 1 the final norm, L + 2 the head.
+  std::pair<int64_t, int64_t> segment_range(int64_t id) const {
+    const auto& T = L_.tensors;
+    auto end_of = [&](int64_t off) {
+      for (const auto& t : T)
+        if (t.offset == off) return off + t.size;
+      return off;
+    };
+    if (id == 0) return {L_.embed, end_of(L_.embed)};
+    if (id <= c_.layers) {
+      const auto& P = L_.layer[id - 1];
+      return {P.attn_norm, end_of(P.wd)};
+    }
+    if (id == c_.layers + 1) return {L_.final_norm, end_of(L_.final_norm)};
+    return {L_.head, end_of(L_.head)};
+  }
+  int64_t head_segment() const { return c_.tie_embeddings ? 0 : c_.layers + 2; }
+
+  // Sends the staged segment to the host and stages segment `id` (zeroed) on the device.
+  void stage_segment(int64_t id, StepStats* s) {
+    if (!offload_) return;
+    flush_segment(s);
+    std::tie(stage_lo_, stage_hi_) = segment_range(id);
+    stage_id_ = id;
+    be().zero(stage_.data(), static_cast<std::size_t>(stage_hi_ - stage_lo_) * sizeof(S));
+  }
+  // The first flush of a segment in a step copies into the zeroed host gradients; later ones (the next
+  // micro-batches, a tied head) add there in S.
+  void flush_segment(StepStats* s) {
+    if (!offload_ || stage_id_ < 0) return;
+    const int64_t n = stage_hi_ - stage_lo_;
+    S* host = grads_.template as<S>() + stage_lo_;
+    if (!flushed_[stage_id_]) {
+      dev_.copy(host, stage_.data(), n * sizeof(S), CopyKind::device_to_host);
+      flushed_[stage_id_] = true;
+    } else {
+      Buffer tmp(dev_.host(), n * sizeof(S), Tag::workspace);
+      dev_.copy(tmp.data(), stage_.data(), n * sizeof(S), CopyKind::device_to_host);
+      const S* add = tmp.template as<S>();
+      if constexpr (kCanOffload)
+        for (int64_t i = 0; i < n; ++i) host[i] = store<S>(to_f32(host[i]) + to_f32(add[i]));
+    }
+    if (s) s->bytes_to_host += n * static_cast<int64_t>(sizeof(S));
+    stage_id_ = -1;
+    stage_lo_ = stage_hi_ = 0;
+  }
+  int64_t largest_segment() const {
+    int64_t n = 0;
+    for (int64_t id = 0; id <= c_.layers + 2; ++id) n = std::max(n, segment_range(id).second - segment_range(id).first);
+    return n;
   }
 
   // Zeroes the gradients and accumulates those of the micro-batches' loss (token-normalized, or the mean
@@ -326,8 +423,10 @@ class TrainerCore : public Trainer {
     Acts a;
     const double loss = forward(a, true);
     const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab;
+    if (offload_) stage_ = Buffer(dev_.memory(), largest_segment() * sizeof(S), Tag::grads);
     be().ce_bwd(a.logits.template as<S>(), targets_.template as<int32_t>(), scale);  // dlogits in place
     const S* dz = a.logits.template as<S>();
+    stage_segment(head_segment(), s);
     be().gemm_grad(V, D, R, dz, a.xnf.template as<S>(), G(L_.head), s);
     Buffer dres = ws(R * D);  // gradient of the residual stream
     be().zero(dres.data(), dres.bytes());
@@ -335,6 +434,7 @@ class TrainerCore : public Trainer {
       Buffer dxn = ws(R * D);
       be().gemm(false, false, R, D, V, dz, W(L_.head), dxn.template as<S>(), false);
       a.logits.reset();
+      stage_segment(c_.layers + 1, s);
       be().rmsnorm_bwd(a.x_final.template as<S>(), W(L_.final_norm), a.rmsf.template as<C>(), dxn.template as<S>(),
                        dres.template as<S>(), G(L_.final_norm));
       a.x_final.reset();
@@ -344,6 +444,7 @@ class TrainerCore : public Trainer {
     for (int64_t l = c_.layers - 1; l >= 0; --l) {
       const auto& P = L_.layer[l];
       recompute_segment(l, a, s);
+      stage_segment(1 + l, s);
       LayerActs& A = a.layer[l];
       S* dr = dres.template as<S>();
       const bool selective = o_.checkpoint == Checkpoint::selective;
@@ -401,24 +502,79 @@ class TrainerCore : public Trainer {
       }
       a.layer.pop_back();
     }
+    stage_segment(0, s);
     be().embedding_bwd(ids_.template as<int32_t>(), dres.template as<S>(), G(L_.embed));
+    if (offload_) {
+      flush_segment(s);
+      stage_.reset();
+    }
     return loss;
   }
 
   // AdamW under the policy, unless the loss scaler skips the step.
   bool optimizer_step(StepStats& s) {
+    if (offload_) return host_optimizer_step(s);
     const float inv = scaler_.inv_scale();
     s.non_finite = be().any_non_finite(grads_.template as<S>(), inv);
     if (!scaler_.update(s.non_finite)) return false;
     const int64_t t = adam_t_ + 1;
     float bc1, bc2;
     adam_bias_corrections(o_.beta1, o_.beta2, t, bc1, bc2);
-    const float lr = o_.warmup_steps > 0 && t <= o_.warmup_steps
-                         ? o_.lr * static_cast<float>(t) / static_cast<float>(o_.warmup_steps)
-                         : o_.lr;
+    const float lr = learning_rate(t);
     for (const ParamTensor& pt : L_.tensors) be().adamw(pt, lr, pt.decay ? o_.weight_decay : 0.f, bc1, bc2, inv, t);
     adam_t_ = t;
     return true;
+  }
+
+  float learning_rate(int64_t t) const {
+    return o_.warmup_steps > 0 && t <= o_.warmup_steps ? o_.lr * static_cast<float>(t) / static_cast<float>(o_.warmup_steps)
+                                                       : o_.lr;
+  }
+
+  // Offload: the non-finite check and AdamW on the host over the host's gradients, master and moments;
+  // the updated weights, rounded to S, go to the device one tile at a time.
+  bool host_optimizer_step(StepStats& s) {
+    if constexpr (!kCanOffload) {
+      throw Error("offload: needs fp32 AdamW moments");
+    } else {
+      return host_adamw(s);
+    }
+  }
+  bool host_adamw(StepStats& s) requires kCanOffload {
+    const auto t0 = std::chrono::steady_clock::now();
+    const float inv = scaler_.inv_scale();
+    const S* g = grads_.template as<S>();
+    int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad)
+    for (int64_t i = 0; i < L_.total; ++i) bad += !std::isfinite(static_cast<double>(to_f32(g[i])) * inv);
+    s.non_finite = bad > 0;
+    bool applied = false;
+    if (scaler_.update(s.non_finite)) {
+      const int64_t t = adam_t_ + 1;
+      AdamStep st;
+      adam_bias_corrections(o_.beta1, o_.beta2, t, st.bc1, st.bc2);
+      st.lr = learning_rate(t);
+      st.beta1 = o_.beta1;
+      st.beta2 = o_.beta2;
+      st.eps = o_.eps;
+      st.grad_scale = inv;
+      constexpr int64_t kTile = int64_t{1} << 18;
+      Buffer tile(dev_.host(), std::min(kTile, L_.total) * sizeof(S), Tag::workspace);
+      float *mw = master_buf_.template as<float>(), *m = m_.template as<float>(), *v = v_.template as<float>();
+      for (const ParamTensor& pt : L_.tensors) {
+        st.weight_decay = pt.decay ? o_.weight_decay : 0.f;
+        for (int64_t o = pt.offset; o < pt.offset + pt.size; o += kTile) {
+          const int64_t n = std::min(kTile, pt.offset + pt.size - o);
+          cpu_adamw<S, S>(st, mw + o, m + o, v + o, g + o, tile.template as<S>(), n);
+          dev_.copy(W(o), tile.data(), n * sizeof(S), CopyKind::host_to_device);
+          s.bytes_to_device += n * static_cast<int64_t>(sizeof(S));
+        }
+      }
+      adam_t_ = t;
+      applied = true;
+    }
+    s.host_optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return applied;
   }
 
   const Config c_;
@@ -429,6 +585,12 @@ class TrainerCore : public Trainer {
   precision::LossScaler scaler_;
   Buffer weights_, grads_, m_, v_, master_buf_, ids_, targets_;
   int64_t steps_ = 0, adam_t_ = 0;
+  // Offload state: the staged gradient segment [stage_lo_, stage_hi_) and which segments reached the
+  // host this step.
+  bool offload_ = false;
+  Buffer stage_;
+  int64_t stage_id_ = -1, stage_lo_ = 0, stage_hi_ = 0;
+  std::vector<bool> flushed_;
 };
 
 }  // namespace memtrade::model

@@ -214,5 +214,121 @@ TEST(Accumulation, EmptyMicroBatches) {
   EXPECT_EQ(test::error_of([&] { t->step(micro); }), "training: the micro-batches count no target (all ignored)");
 }
 
+// ---- ZeRO-Offload ----
+
+struct OffloadRun {
+  std::vector<float> params;
+  std::vector<double> grads;
+  std::vector<model::StepStats> steps;
+};
+
+OffloadRun train_steps(const Config& c, TrainOptions o, int64_t steps, Device& dev) {
+  auto t = model::make_trainer_cpu(c, o, dev, test::test_weights(c, 9));
+  OffloadRun r;
+  r.grads = t->gradients(test::random_tokens(o.batch, o.seq, 12));
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<datasets::Batch> micro;
+    for (int64_t k = 0; k < o.accum_steps; ++k) micro.push_back(test::random_tokens(o.batch, o.seq, 50 + 7 * s + k));
+    r.steps.push_back(t->step(micro));
+  }
+  r.params = t->params();
+  return r;
+}
+
+// One micro-batch per step: the offloaded step equals the device step bit for bit under every policy it
+// applies to (the same AdamW kernel, the same gradient roundings).
+TEST(Offload, EqualsTheDeviceStepBitForBit) {
+  const Config c = test::tiny_model();
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed, Policy::fp16_mixed, Policy::fp16_mixed_noscale}) {
+    for (int64_t accum : {1}) {
+      TrainOptions o = test::train_options(p);
+      o.accum_steps = accum;
+      auto d1 = make_cpu_device(), d2 = make_cpu_device();
+      const OffloadRun dev_run = train_steps(c, o, 3, *d1);
+      o.offload = true;
+      const OffloadRun off = train_steps(c, o, 3, *d2);
+      const std::string what = std::string(precision::policy_name(p)) + " accum " + std::to_string(accum);
+      ASSERT_EQ(off.grads.size(), dev_run.grads.size());
+      for (std::size_t i = 0; i < off.grads.size(); ++i) ASSERT_EQ(off.grads[i], dev_run.grads[i]) << what << " gradient " << i;
+      for (std::size_t i = 0; i < off.params.size(); ++i)
+        ASSERT_EQ(off.params[i], dev_run.params[i]) << what << " parameter " << i;
+      for (std::size_t s = 0; s < off.steps.size(); ++s) EXPECT_EQ(off.steps[s].loss, dev_run.steps[s].loss) << what;
+    }
+  }
+}
+
+// Several micro-batches: the host adds each one's gradient to the sum of the previous ones (a 16-bit
+// gradient rounded once more; repeated embedding rows summed per micro-batch first), where the device adds
+// every contribution to the running sum. The updates stay within that rounding of the device step's.
+TEST(Offload, AccumulationWithinRounding) {
+  const Config c = test::tiny_model();
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed}) {
+    TrainOptions o = test::train_options(p);
+    o.accum_steps = 3;
+    auto d1 = make_cpu_device(), d2 = make_cpu_device();
+    const OffloadRun dev_run = train_steps(c, o, 1, *d1);
+    o.offload = true;
+    const OffloadRun off = train_steps(c, o, 1, *d2);
+    ASSERT_EQ(off.params.size(), dev_run.params.size());
+    int64_t differ = 0;
+    for (std::size_t i = 0; i < off.params.size(); ++i) {
+      // AdamW's first step moves each weight by about lr (the gradient's sign): a gradient that rounds
+      // differently can at most flip a near-zero one.
+      ASSERT_LE(std::fabs(off.params[i] - dev_run.params[i]), 2.5 * o.lr + 1e-2f * std::fabs(dev_run.params[i]))
+          << policy_name(p) << " " << i;
+      differ += off.params[i] != dev_run.params[i];
+    }
+    EXPECT_LT(differ, static_cast<int64_t>(off.params.size()) / (p == Policy::fp32 ? 100 : 10)) << policy_name(p);
+  }
+}
+
+// Where the bytes are: the device keeps the working weights (plus one segment's gradients during the
+// backward), the host the fp32 master, both moments and the gradients; every step moves the gradients
+// down once per micro-batch and the weights up once.
+TEST(Offload, BytesPerParameterAndBytesMoved) {
+  const Config c = test::tiny_model();
+  const model::ParamLayout L = model::param_layout(c);
+  const std::size_t P = static_cast<std::size_t>(L.total);
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed}) {
+    const std::size_t s = p == Policy::fp32 ? 4 : 2;
+    TrainOptions o = test::train_options(p);
+    o.offload = true;
+    o.accum_steps = 2;
+    auto dev = make_cpu_device();
+    auto t = model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 9));
+    auto& pool = dev->memory();
+    auto& host = dev->host();
+    EXPECT_EQ(pool.by_tag(Tag::weights).live, P * s);
+    EXPECT_EQ(pool.by_tag(Tag::grads).live + pool.by_tag(Tag::master).live + pool.by_tag(Tag::optimizer).live, 0u);
+    EXPECT_EQ(host.by_tag(Tag::master).live, P * 4);
+    EXPECT_EQ(host.by_tag(Tag::optimizer).live, P * 8);
+    EXPECT_EQ(host.by_tag(Tag::grads).live, P * s);
+    pool.reset_peak();
+    const std::vector<datasets::Batch> micro = {test::random_tokens(2, 16, 1), test::random_tokens(2, 16, 2)};
+    const auto st = t->step(micro);
+    // The largest segment: the embedding or the head, [vocab x dim].
+    EXPECT_EQ(pool.by_tag(Tag::grads).peak, static_cast<std::size_t>(c.vocab * c.dim) * s);
+    EXPECT_EQ(st.bytes_to_host, static_cast<int64_t>(2 * P * s));
+    EXPECT_EQ(st.bytes_to_device, static_cast<int64_t>(P * s));
+    EXPECT_GT(st.host_optimizer_s, 0.0);
+  }
+}
+
+TEST(Offload, RefusedWhereItDoesNotApplyAndOutOfHostMemoryIsOom) {
+  const Config c = test::tiny_model();
+  TrainOptions o = test::train_options(Policy::bf16_pure);
+  o.offload = true;
+  const std::string why = "training: offload keeps fp32 master weights and moments on the host; it does not apply "
+                          "to bf16-pure, the float64 reference or an inference-only trainer";
+  EXPECT_EQ(test::error_of([&] { model::validate(c, o); }), why);
+  o.policy = Policy::fp32;
+  o.float64 = true;
+  EXPECT_EQ(test::error_of([&] { model::validate(c, o); }), why);
+  o.float64 = false;
+  auto dev = make_cpu_device();
+  dev->host().set_capacity(static_cast<std::size_t>(model::param_layout(c).total) * 8);  // less than 16 B/param
+  EXPECT_THROW(model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 9)), OutOfMemory);
+}
+
 }  // namespace
 }  // namespace memtrade

@@ -1,0 +1,32 @@
+// AdamW on the CPU over fp32 master weights and moments, as ZeRO-Offload runs it on the host (DeepSpeed's
+// CPU Adam is the anchor): one fused pass per element reads the gradient (fp32, bf16 or fp16, times the
+// inverse loss scale), the master weight and both moments, and writes them back together with the
+// working copy of the weight rounded to its storage type. Tiled (16K elements, a tile's stores stay in
+// cache), OpenMP over tiles, portable SIMD (Google Highway) dispatched at run time.
+//
+// The arithmetic is layers.hpp's adamw_step operation for operation (decoupled weight decay, then both
+// moments, then the bias-corrected update; no fused multiply-add), so every SIMD target gives the scalar
+// reference's bits and an offloaded step gives the device step's.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.hpp"
+
+namespace memtrade::model {
+
+struct AdamStep {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  float bc1 = 1, bc2 = 1;  // 1 - beta^t (adam_bias_corrections)
+  float grad_scale = 1;    // the gradient is multiplied by this first (the inverse loss scale)
+};
+
+// One step over n parameters. G, W: float, bf16_t or f16_t; `weights` may be null (no working copy).
+template <class G, class W>
+void cpu_adamw(const AdamStep& s, float* master, float* m, float* v, const G* grad, W* weights, int64_t n);
+
+// The same with adamw_step one element at a time (OpenMP over elements): the reference.
+template <class G, class W>
+void cpu_adamw_scalar(const AdamStep& s, float* master, float* m, float* v, const G* grad, W* weights, int64_t n);
+
+}  // namespace memtrade::model
