@@ -18,6 +18,81 @@ std::vector<Param> train_bench_params() {
   return p;
 }
 
+Param checkpoint_param() {
+  return text_param("checkpoint", "activation checkpointing policy of every implementation", "none",
+                    {"none", "full", "every-k", "selective"});
+}
+
+std::vector<Metric> train_bench_metrics(bool grads_bit_identical) {
+  const Gate diff = grads_bit_identical ? Gate::zero : Gate::report;
+  return {
+      {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained before the timed step"},
+      {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
+      {"tokens_per_step", "tokens", Better::none, Gate::exact, 0, 0, "counted targets of the timed step"},
+      {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
+       "weights + master + grads + optimizer state on the device between steps, per parameter"},
+      {"host_model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
+       "the same in the host pool (offload)"},
+      {"recomputed_layers", "1", Better::lower, Gate::exact, 0, 0, "layer forwards run again in the timed step"},
+      {"recompute_flops_fraction", "1", Better::lower, Gate::report, 0, 0,
+       "their FLOPs over the plain step's (forward + backward)"},
+      {"grad_values_differ_vs_reference", "1", Better::lower, diff, 0, 0,
+       "gradient values that differ from the reference implementation's"},
+      {"grad_rel_diff_vs_reference", "1", Better::lower, diff, 0, 0,
+       "relative L2 difference from the reference implementation's gradient"},
+      {"mean_of_means_grad_rel_err", "1", Better::none, Gate::report, 0, 0,
+       "with accum > 1: the gradient error if each micro-batch's mean loss were averaged (the common mistake)"},
+      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
+      {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last training step"},
+      {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
+      {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
+      {"offload_bytes_to_host", "bytes", Better::lower, Gate::exact, 0, 0, "gradients copied to the host per step"},
+      {"offload_bytes_to_device", "bytes", Better::lower, Gate::exact, 0, 0, "updated weights copied to the device per step"},
+      {"offload_host_optimizer_s", "s", Better::lower, Gate::report, 0, 0,
+       "wall time of the host's optimizer work in the timed step (measured)"},
+      {"offload_modelled_pcie4_s", "s", Better::lower, Gate::report, 0, 0,
+       "MODELLED: the step's copies at 25 GB/s (PCIe 4 x16), not measured"},
+      {"offload_modelled_pcie5_s", "s", Better::lower, Gate::report, 0, 0,
+       "MODELLED: the step's copies at 50 GB/s (PCIe 5 x16), not measured"},
+  };
+}
+
+Technique train_bench_technique(std::string name, std::string description, bool grads_bit_identical,
+                                bool checkpoint_key, std::vector<Param> extra) {
+  Technique t;
+  t.name = std::move(name);
+  t.description = std::move(description);
+  t.schema.params = train_bench_params();
+  if (checkpoint_key) t.schema.params.push_back(checkpoint_param());
+  for (auto& p : extra) t.schema.params.push_back(std::move(p));
+  t.schema.metrics = train_bench_metrics(grads_bit_identical);
+  t.validate = [](const Case& c) { read_train_case(c); };
+  t.error_rule.judge = [](const Case& c, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
+    return gradient_verdict(precision::parse_policy(c.text("policy", "fp32")), e);
+  };
+  t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return prepare_train_bench(c); };
+  return t;
+}
+
+void add_train_bench_impls(Technique& t, const std::vector<BenchImpl>& impls) {
+  for (Backend be : {Backend::cpu, Backend::cuda})
+    for (const BenchImpl& bi : impls)
+      t.impls.push_back(typed_impl<TrainBench>(
+          t.name, bi.name, bi.role, be, std::string(be == Backend::cpu ? "CPU" : "CUDA") + " training step, " + bi.description,
+          [adjust = bi.adjust, reference = bi.role == Role::reference](const TrainBench& b, Device& dev) {
+            TrainOptions o = b.options();
+            adjust(b, o);
+            return std::make_unique<TrainBenchWorkload>(b, o, dev, reference);
+          }));
+}
+
+TrainOptions TrainBench::options() const {
+  TrainOptions o = tc.opts;
+  o.checkpoint = parse_checkpoint(kase.text("checkpoint", "none"));
+  o.checkpoint_every = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(tc.cfg.layers))));
+  return o;
+}
+
 double layer_forward_flops_per_token(const Config& c, int64_t seq) {
   const double D = static_cast<double>(c.dim), KV = static_cast<double>(c.kv_dim()), F = static_cast<double>(c.ffn);
   return 2.0 * (2 * D * D + 2 * D * KV + 3 * D * F) + 2.0 * static_cast<double>(seq) * D;
@@ -154,6 +229,14 @@ void TrainBenchWorkload::run() {
   const StepStats st = trainer_->step(step_batches(next_++));
   recomputed_ = st.recomputed_layers;
   counters_["tokens_per_step"] = static_cast<double>(st.tokens);
+  if (o_.offload) {
+    const double moved = static_cast<double>(st.bytes_to_host + st.bytes_to_device);
+    counters_["offload_bytes_to_host"] = static_cast<double>(st.bytes_to_host);
+    counters_["offload_bytes_to_device"] = static_cast<double>(st.bytes_to_device);
+    counters_["offload_host_optimizer_s"] = st.host_optimizer_s;
+    counters_["offload_modelled_pcie4_s"] = moved / 25e9;
+    counters_["offload_modelled_pcie5_s"] = moved / 50e9;
+  }
 }
 
 Work TrainBenchWorkload::work() const {
@@ -173,10 +256,15 @@ void TrainBenchWorkload::add_counters(std::map<std::string, double>& c) {
   const double step_flops = train_flops_per_token(b_.tc.cfg, o_.seq) * static_cast<double>(o_.batch * o_.seq * o_.accum_steps);
   c["recompute_flops_fraction"] =
       layer_forward_flops_per_token(b_.tc.cfg, o_.seq) * static_cast<double>(recomputed_ * o_.batch * o_.seq) / step_flops;
-  const auto& pool = dev_.memory();
-  const double state = static_cast<double>(pool.by_tag(Tag::weights).live + pool.by_tag(Tag::grads).live +
-                                           pool.by_tag(Tag::master).live + pool.by_tag(Tag::optimizer).live);
-  c["model_state_bytes_per_param"] = state / static_cast<double>(param_layout(b_.tc.cfg).total);
+  // Model state between steps (weights, grads, master, moments), per parameter, on the device and
+  // (offload) on the host.
+  auto state = [&](const TrackedAllocator& pool) {
+    return static_cast<double>(pool.by_tag(Tag::weights).live + pool.by_tag(Tag::grads).live +
+                               pool.by_tag(Tag::master).live + pool.by_tag(Tag::optimizer).live) /
+           static_cast<double>(param_layout(b_.tc.cfg).total);
+  };
+  c["model_state_bytes_per_param"] = state(dev_.memory());
+  if (o_.offload) c["host_model_state_bytes_per_param"] = state(dev_.host());
 }
 
 std::string TrainBenchWorkload::detail() {

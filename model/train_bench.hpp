@@ -9,6 +9,7 @@
 // the trainer's batch shape.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,12 @@ namespace memtrade::model {
 
 // The keys every training-memory suite shares: train_case_params() plus policy, accum, pad.
 std::vector<Param> train_bench_params();
+// `checkpoint`: the activation checkpointing policy, for the techniques that compose with it.
+Param checkpoint_param();
+// The counters TrainBenchWorkload reports. Gradients that must equal the reference implementation's bit
+// for bit (checkpointing, one-micro-batch offload) gate their difference at zero; others (accumulation
+// reorders sums) report it.
+std::vector<Metric> train_bench_metrics(bool grads_bit_identical);
 
 struct TrainBench : Problem {
   Case kase;                    // the case, for a technique's own keys
@@ -33,6 +40,8 @@ struct TrainBench : Problem {
   // to compare with.
   mutable std::map<Backend, std::vector<double>> reference_grad;
 
+  // The case's options, with its `checkpoint` key (none when absent) applied.
+  TrainOptions options() const;
   std::vector<datasets::Batch> micro_batches(int64_t step) const;
   std::vector<datasets::Batch> val_micro_batches() const;  // eval_batches x accum micro-batches
 };
@@ -53,6 +62,21 @@ datasets::Batch concatenate(std::span<const datasets::Batch> micro);
 // FLOPs of one layer's forward per token: 2 x the layer's matrix parameters plus causal attention
 // (scores and values) 2 x seq x dim.
 double layer_forward_flops_per_token(const Config& c, int64_t seq);
+
+// A technique over TrainBench: the schema (train_bench_params, plus `checkpoint` when checkpoint_key, plus
+// extra), the metrics, the gradient rule against the float64 step and prepare.
+Technique train_bench_technique(std::string name, std::string description, bool grads_bit_identical,
+                                bool checkpoint_key, std::vector<Param> extra = {});
+
+// One implementation on each backend: `adjust` sets the options it differs by (from TrainBench::options()).
+// The role-reference implementation must come first: the others' gradients are compared with its.
+struct BenchImpl {
+  std::string name;
+  Role role;
+  std::string description;
+  std::function<void(const TrainBench&, TrainOptions&)> adjust;
+};
+void add_train_bench_impls(Technique& t, const std::vector<BenchImpl>& impls);
 
 // Trains bench.tc.steps steps under `o` (batch, accum_steps, checkpointing, policy as the implementation
 // sets them), then evaluates; run() is one further optimizer step.

@@ -29,16 +29,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-std::unique_ptr<Workload> make(const TrainBench& b, Device& dev, bool accumulate) {
-  model::TrainOptions o = b.tc.opts;
-  o.checkpoint = model::parse_checkpoint(b.kase.text("checkpoint", "none"));
-  if (!accumulate) {
-    o.batch *= o.accum_steps;
-    o.accum_steps = 1;
-  }
-  return std::make_unique<model::TrainBenchWorkload>(b, o, dev, !accumulate);
-}
-
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
   for (const auto& r : recs)
     if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
@@ -84,44 +74,16 @@ ClaimResult check_accum_eq(const ClaimSpec& spec, const std::vector<Record>& rec
 }  // namespace
 
 void register_technique(Registry& r) {
-  Technique t;
-  t.name = "accum";
-  t.description = "gradient accumulation: accum micro-batches per step against one large batch";
-  auto params = model::train_bench_params();
-  params.push_back(text_param("checkpoint", "activation checkpointing policy of both implementations", "none",
-                              {"none", "full", "every-k", "selective"}));
-  t.schema.params = params;
-  t.validate = [](const Case& c) { model::read_train_case(c); };
-  t.schema.metrics = {
-      {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained before the timed step"},
-      {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
-      {"tokens_per_step", "tokens", Better::none, Gate::exact, 0, 0, "counted targets of the timed step"},
-      {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
-       "weights + master + grads + optimizer state, per parameter"},
-      {"recomputed_layers", "1", Better::lower, Gate::exact, 0, 0, "layer forwards run again in the timed step"},
-      {"recompute_flops_fraction", "1", Better::lower, Gate::report, 0, 0, "their FLOPs over the step's"},
-      {"grad_values_differ_vs_reference", "1", Better::none, Gate::report, 0, 0,
-       "gradient values that differ from the large batch's (sums reordered)"},
-      {"grad_rel_diff_vs_reference", "1", Better::lower, Gate::report, 0, 0,
-       "relative L2 difference from the large batch's gradient"},
-      {"mean_of_means_grad_rel_err", "1", Better::none, Gate::report, 0, 0,
-       "the gradient error if each micro-batch's mean loss were averaged (the common mistake)"},
-      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
-      {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last training step"},
-      {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
-      {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
-  };
-  t.error_rule.judge = [](const Case& c, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
-    return model::gradient_verdict(precision::parse_policy(c.text("policy", "fp32")), e);
-  };
-  t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return model::prepare_train_bench(c); };
-  for (Backend be : {Backend::cpu, Backend::cuda})
-    for (bool acc : {false, true})
-      t.impls.push_back(typed_impl<TrainBench>(
-          t.name, acc ? "accumulate" : "large-batch", acc ? Role::optimized : Role::reference, be,
-          std::string(be == Backend::cpu ? "CPU" : "CUDA") +
-              (acc ? " training step over accum micro-batches" : " training step over one batch of all the sequences"),
-          [acc](const TrainBench& b, Device& dev) { return make(b, dev, acc); }));
+  Technique t = model::train_bench_technique(
+      "accum", "gradient accumulation: accum micro-batches per step against one large batch", false, true);
+  model::add_train_bench_impls(
+      t, {{"large-batch", Role::reference, "one batch of all the step's sequences",
+           [](const TrainBench&, model::TrainOptions& o) {
+             o.batch *= o.accum_steps;
+             o.accum_steps = 1;
+           }},
+          {"accumulate", Role::optimized, "accum micro-batches, gradients added up",
+           [](const TrainBench&, model::TrainOptions&) {}}});
   t.claims["accum-eq"] = check_accum_eq;
   r.add(std::move(t));
 }

@@ -37,13 +37,6 @@ int64_t every_k(const Case& c) {
   return k > 0 ? k : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(c.integer("layers")))));
 }
 
-std::unique_ptr<Workload> make(const Case& c, const TrainBench& b, Device& dev, Checkpoint cp) {
-  model::TrainOptions o = b.tc.opts;
-  o.checkpoint = cp;
-  o.checkpoint_every = every_k(c);
-  return std::make_unique<model::TrainBenchWorkload>(b, o, dev, cp == Checkpoint::none);
-}
-
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
   for (const auto& r : recs)
     if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
@@ -98,43 +91,18 @@ ClaimResult check_ckpt(const ClaimSpec& spec, const std::vector<Record>& recs) {
 }  // namespace
 
 void register_technique(Registry& r) {
-  Technique t;
-  t.name = "checkpoint";
-  t.description = "activation checkpointing of the training step: none, full, every-k, selective";
-  auto params = model::train_bench_params();
-  params.push_back(int_param("every", "every-k's k (layers per recomputed segment); 0: round(sqrt(layers))", 0, 0));
-  t.schema.params = params;
-  t.validate = [](const Case& c) { model::read_train_case(c); };
-  t.schema.metrics = {
-      {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained before the timed step"},
-      {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
-      {"tokens_per_step", "tokens", Better::none, Gate::exact, 0, 0, "counted targets of the timed step"},
-      {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
-       "weights + master + grads + optimizer state, per parameter"},
-      {"recomputed_layers", "1", Better::lower, Gate::exact, 0, 0, "layer forwards run again in the timed step"},
-      {"recompute_flops_fraction", "1", Better::lower, Gate::report, 0, 0,
-       "their FLOPs over the plain step's (forward + backward)"},
-      {"grad_values_differ_vs_reference", "1", Better::lower, Gate::zero, 0, 0,
-       "gradient values that differ from the plain step's (recomputation must be bit-exact)"},
-      {"grad_rel_diff_vs_reference", "1", Better::lower, Gate::zero, 0, 0, "relative L2 difference from the plain step's gradient"},
-      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
-      {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last training step"},
-      {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
-      {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
-      {"mean_of_means_grad_rel_err", "1", Better::none, Gate::report, 0, 0,
-       "with accum > 1: the gradient error if each micro-batch's mean loss were averaged"},
-  };
-  t.error_rule.judge = [](const Case& c, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
-    return model::gradient_verdict(precision::parse_policy(c.text("policy", "fp32")), e);
-  };
-  t.prepare = [](const Case& c) -> std::unique_ptr<Problem> { return model::prepare_train_bench(c); };
-  for (Backend be : {Backend::cpu, Backend::cuda})
-    for (Checkpoint cp : {Checkpoint::none, Checkpoint::full, Checkpoint::every_k, Checkpoint::selective})
-      t.impls.push_back(typed_impl<TrainBench>(
-          t.name, model::checkpoint_name(cp), cp == Checkpoint::none ? Role::reference : Role::optimized, be,
-          std::string(be == Backend::cpu ? "CPU" : "CUDA") + " training step, checkpointing " +
-              model::checkpoint_name(cp),
-          [cp](const TrainBench& b, Device& dev) { return make(b.kase, b, dev, cp); }));
+  Technique t = model::train_bench_technique(
+      "checkpoint", "activation checkpointing of the training step: none, full, every-k, selective", true, false,
+      {int_param("every", "every-k's k (layers per recomputed segment); 0: round(sqrt(layers))", 0, 0)});
+  std::vector<model::BenchImpl> impls;
+  for (Checkpoint cp : {Checkpoint::none, Checkpoint::full, Checkpoint::every_k, Checkpoint::selective})
+    impls.push_back({model::checkpoint_name(cp), cp == Checkpoint::none ? Role::reference : Role::optimized,
+                     std::string("checkpointing ") + model::checkpoint_name(cp),
+                     [cp](const TrainBench& b, model::TrainOptions& o) {
+                       o.checkpoint = cp;
+                       o.checkpoint_every = every_k(b.kase);
+                     }});
+  model::add_train_bench_impls(t, impls);
   t.claims["ckpt"] = check_ckpt;
   r.add(std::move(t));
 }

@@ -180,11 +180,14 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-// The ok record of a policy at the largest model (most parameters) the run has for it.
+// The ok record of a policy at the largest model (most parameters) the run has for it; among equal
+// models, the one whose step keeps the most activation bytes (the longest context), where the claims
+// about activations are claimed to hold.
 const Record* policy_record(const std::vector<Record>& recs, const char* policy) {
   const Record* best = nullptr;
+  auto key = [](const Record& r) { return std::pair(r.counter("params"), r.counter("peak_bytes_activations")); };
   for (const auto& r : recs)
-    if (r.impl == policy && r.status == "ok" && (!best || r.counter("params") > best->counter("params"))) best = &r;
+    if (r.impl == policy && r.status == "ok" && (!best || key(r) > key(*best))) best = &r;
   return best;
 }
 
