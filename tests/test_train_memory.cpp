@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "impls/offload/zero_model.hpp"
 #include "model/layers.hpp"
 #include "model_fixtures.hpp"
 #include "test_util.hpp"
@@ -328,6 +329,29 @@ TEST(Offload, RefusedWhereItDoesNotApplyAndOutOfHostMemoryIsOom) {
   auto dev = make_cpu_device();
   dev->host().set_capacity(static_cast<std::size_t>(model::param_layout(c).total) * 8);  // less than 16 B/param
   EXPECT_THROW(model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 9)), OutOfMemory);
+}
+
+// ZeRO's Fig. 1: 7.5B parameters on 64 devices, K = 12.
+TEST(ZeroModel, StagesAndOffload) {
+  using offload::zero_model_state;
+  const double P = 7.5e9;
+  EXPECT_DOUBLE_EQ(zero_model_state({P, 0, 64, false, 12}).device_bytes, 16 * P);
+  EXPECT_DOUBLE_EQ(zero_model_state({P, 1, 64, false, 12}).device_bytes, 4 * P + 12 * P / 64);
+  EXPECT_DOUBLE_EQ(zero_model_state({P, 2, 64, false, 12}).device_bytes, 2 * P + 14 * P / 64);
+  EXPECT_DOUBLE_EQ(zero_model_state({P, 3, 64, false, 12}).device_bytes, 16 * P / 64);
+  EXPECT_NEAR(zero_model_state({P, 1, 64, false, 12}).device_bytes / 1e9, 31.4, 0.05);
+  EXPECT_NEAR(zero_model_state({P, 2, 64, false, 12}).device_bytes / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(zero_model_state({P, 3, 64, false, 12}).device_bytes / 1e9, 1.9, 0.05);
+  const auto off = zero_model_state({1, 2, 1, true, 12});
+  EXPECT_EQ(off.device_bytes, 2);
+  EXPECT_EQ(off.host_bytes, 14);
+  // One device: every stage is plain data parallelism.
+  for (int stage = 0; stage < 4; ++stage) EXPECT_EQ(zero_model_state({1, stage, 1, false, 12}).device_bytes, 16);
+  EXPECT_EQ(test::error_of([] { zero_model_state({1, 4, 1, false, 12}); }), "zero model: stage 4 is not one of 0-3");
+  EXPECT_EQ(test::error_of([] { zero_model_state({1, 3, 1, true, 12}); }),
+            "zero model: ZeRO-Offload partitions like stage 2 (got stage 3)");
+  EXPECT_EQ(test::error_of([] { zero_model_state({1, 0, 0, false, 12}); }),
+            "zero model: params and k must be >= 0 and devices >= 1");
 }
 
 }  // namespace
