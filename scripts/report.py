@@ -228,7 +228,7 @@ def _is_counter(key):
     return (key in ("peak_bytes", "peak_extra_bytes", "untracked_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
                     "nan_count", "inf_count", "tflops", "gbytes_per_s")
             or key in {k for k, _, _ in DOMAIN_COUNTERS}
-            or key.startswith(("peak_bytes_", "frac_of_", "curve_")))
+            or key.startswith(("peak_bytes_", "host_peak_bytes", "frac_of_", "curve_")))
 
 
 def _entry_status(e):
@@ -667,15 +667,38 @@ def quant_model_figures(cases):
 TAG_ORDER = ["weights", "master", "grads", "optimizer", "activations", "workspace", "io", "kv", "other"]
 
 
-def precision_figures(cases):
-    ok = [c for c in cases if c.ok and any(k.startswith("peak_bytes_") for k in c.counters)]
+def tag_figures(tech):
+    """Each training step's peak bytes per tag, one bar per implementation and case; the host pool's tags
+    (offload) as a second bar beside the device's."""
+    def figures(cases):
+        ok = [c for c in cases if c.ok and any(k.startswith("peak_bytes_") for k in c.counters)]
+        if not ok:
+            return []
+        varying = varying_params(ok)
+        groups = []
+        for c in ok:
+            label = " ".join([f"{k}={c.params[k]}" for k in varying if k in c.params] + [c.impl])
+            groups.append((label, {t: c.counters.get("peak_bytes_" + t, 0) for t in TAG_ORDER}))
+            if any(k.startswith("host_peak_bytes_") for k in c.counters):
+                groups.append((label + " (host)", {t: c.counters.get("host_peak_bytes_" + t, 0) for t in TAG_ORDER}))
+        img = bars(groups, TAG_ORDER, f"{tech}: peak bytes per tag", "peak bytes held per tag")
+        return [figure("Each tag's own peak during one training step, from the tracked allocator (tags peak at "
+                       "different moments, so a stack can exceed the step's peak_bytes); bars marked (host) are the "
+                       "host pool's.", img)]
+    return figures
+
+
+def bandwidth_figures(cases):
+    """GB/s of each implementation and case, for kernels that declare the bytes they must move."""
+    ok = [c for c in cases if c.ok and _isnum(c.counters.get("gbytes_per_s"))]
     if not ok:
         return []
-    groups = [(c.impl if len(ok) == len({x.impl for x in ok}) else f"{c.impl} {c.case_id[:20]}",
-               {t: c.counters.get("peak_bytes_" + t, 0) for t in TAG_ORDER}) for c in ok]
-    img = bars(groups, TAG_ORDER, "precision: peak bytes per tag", "peak bytes held per tag")
-    return [figure("Each tag's own peak during one training step (tags peak at different moments, so the "
-                   "stack can exceed the step's peak_bytes).", img)]
+    varying = varying_params(ok)
+    groups = [(" ".join([f"{k}={c.params[k]}" for k in varying if k in c.params] + [c.impl]),
+               {"bytes moved per second": c.counters["gbytes_per_s"] * 1e9}) for c in ok]
+    img = bars(groups, ["bytes moved per second"], "bytes a call must move, per second", "bytes/s", kind="rate")
+    return [figure("The bytes each call must read and write over its median time (frac_of_copy_ceiling in the "
+                   "table: the share of this machine's copy bandwidth).", img)]
 
 
 SERVING_KEYS = {"token states": "kv_budget_utilization", "reserved, unused (internal)": "kv_internal_frag",
@@ -696,7 +719,9 @@ def serving_figures(cases):
                    "while requests wait, as shares of the KV budget (mean over decode steps).", img)]
 
 
-SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": precision_figures,
+SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": tag_figures("precision"),
+                   "checkpoint": tag_figures("checkpoint"), "accum": tag_figures("accum"),
+                   "offload": tag_figures("offload"), "cpu_adam": bandwidth_figures,
                    "kvcache_serving": serving_figures}
 
 
@@ -916,6 +941,15 @@ DOMAIN_COUNTERS = [
     ("kv_internal_frag", "internal frag.", ".1%"), ("kv_external_frag", "external frag.", ".1%"),
     ("mean_concurrency", "mean batch", ".3g"), ("max_concurrency", "max batch", "g"),
     ("preemptions", "preemptions", "g"), ("decode_tokens_per_step", "tokens/step", ".4g"),
+    ("peak_bytes_activations", "activations peak", "bytes"), ("recomputed_layers", "recomputed layers", "g"),
+    ("recompute_flops_fraction", "recompute FLOPs", ".1%"),
+    ("grad_values_differ_vs_reference", "grad values != reference", "g"),
+    ("grad_rel_diff_vs_reference", "grad rel. diff", ".2e"),
+    ("mean_of_means_grad_rel_err", "mean-of-means grad err", ".2e"),
+    ("host_model_state_bytes_per_param", "host state B/param", ".3g"),
+    ("offload_bytes_to_host", "to host/step", "bytes"), ("offload_bytes_to_device", "to device/step", "bytes"),
+    ("offload_host_optimizer_s", "host optimizer s", ".3g"),
+    ("offload_modelled_pcie4_s", "copies at 25 GB/s (modelled) s", ".3g"),
 ]
 
 
@@ -984,6 +1018,8 @@ def technique_section(tech, path, results, cases):
             img, note = facet_figure(facets, icolors, x_label, fn, title, ylabel, kind, errbars=eb)
             if img:
                 wide.append(figure(esc(cap + (" " + note if note else "")), img))
+    if len(facets) <= 12 and (n_x >= 2 or len({c.impl for c in cases if c.ok}) >= 2):
+        # Memory against time where there is a sweep, or several implementations of one size.
         img, cap = tradeoff_plot(facets, icolors, x_param)
         figs.append(figure(cap, img) if img else f"<p class='note'>{esc(cap)}</p>")
     figs += SPECIAL_FIGURES.get(tech, lambda _: [])(cases)
