@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "impls/offload/zero_model.hpp"
 #include "model/layers.hpp"
+#include "model/train_bench.hpp"
 #include "model_fixtures.hpp"
 #include "test_util.hpp"
 
@@ -329,6 +331,40 @@ TEST(Offload, RefusedWhereItDoesNotApplyAndOutOfHostMemoryIsOom) {
   auto dev = make_cpu_device();
   dev->host().set_capacity(static_cast<std::size_t>(model::param_layout(c).total) * 8);  // less than 16 B/param
   EXPECT_THROW(model::make_trainer_cpu(c, o, *dev, test::test_weights(c, 9)), OutOfMemory);
+}
+
+// The training bench's micro-batches: micro-batch i of k ignores round(pad * seq * i / (k - 1)) targets at the
+// end of each sequence; validation covers eval_batches x accum micro-batches whatever the trainer's shape, so
+// the large-batch and accumulating implementations evaluate the same tokens (fp32: equal validation loss to
+// reordering of the sums after the same training).
+TEST(TrainBench, PaddingAndValidationTokens) {
+  if (!std::filesystem::exists("/usr/share/games/fortunes")) GTEST_SKIP() << "apt-get install fortunes";
+  Case c;
+  c.suite = "accum";
+  c.id = "bench";
+  c.params = Json{{"dim", 32}, {"layers", 1}, {"heads", 2}, {"ffn", 32}, {"context", 16}, {"batch", 2},
+                  {"steps", 2}, {"accum", 3}, {"pad", 0.5}, {"eval_batches", 2}};
+  const auto b = model::prepare_train_bench(c);
+  const auto micro = b->micro_batches(0);
+  ASSERT_EQ(micro.size(), 3u);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t r = 0; r < 2; ++r) {
+      int64_t ignored = 0;
+      for (int64_t t = 0; t < 16; ++t) ignored += micro[i].targets[r * 16 + t] == model::kIgnoreTarget;
+      EXPECT_EQ(ignored, 4 * i) << "micro-batch " << i << " row " << r;
+      EXPECT_NE(micro[i].targets[r * 16 + 15 - 4 * i], model::kIgnoreTarget);
+    }
+  EXPECT_EQ(b->val_micro_batches().size(), 6u);
+  std::map<std::string, double> big, acc;
+  auto dev = make_cpu_device();
+  TrainOptions o = b->options();
+  model::TrainBenchWorkload(*b, o, *dev, false).add_counters(acc);
+  o.batch *= o.accum_steps;
+  o.accum_steps = 1;
+  model::TrainBenchWorkload(*b, o, *dev, true).add_counters(big);
+  EXPECT_NEAR(acc.at("val_loss"), big.at("val_loss"), 1e-5 * big.at("val_loss"));
+  EXPECT_GT(acc.at("mean_of_means_grad_rel_err"), 1e-2);
+  EXPECT_EQ(big.count("mean_of_means_grad_rel_err"), 0u);
 }
 
 // ZeRO's Fig. 1: 7.5B parameters on 64 devices, K = 12.
