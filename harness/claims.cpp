@@ -59,4 +59,10 @@ std::string combine_verdicts(const std::vector<std::string>& vs) {
   return "inconclusive";
 }
 
+const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
+  for (const auto& r : recs)
+    if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
+  return nullptr;
+}
+
 }  // namespace memtrade

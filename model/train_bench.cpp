@@ -89,7 +89,9 @@ void add_train_bench_impls(Technique& t, const std::vector<BenchImpl>& impls) {
 TrainOptions TrainBench::options() const {
   TrainOptions o = tc.opts;
   o.checkpoint = parse_checkpoint(kase.text("checkpoint", "none"));
-  o.checkpoint_every = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(tc.cfg.layers))));
+  const int64_t every = kase.integer("every", 0);  // every-k's k; 0 or absent: round(sqrt(layers))
+  o.checkpoint_every =
+      every > 0 ? every : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(tc.cfg.layers))));
   return o;
 }
 

@@ -40,7 +40,8 @@ struct TrainBench : Problem {
   // to compare with.
   mutable std::map<Backend, std::vector<double>> reference_grad;
 
-  // The case's options, with its `checkpoint` key (none when absent) applied.
+  // The case's options, with its `checkpoint` key (none when absent) and `every` (every-k's k; absent or 0:
+  // round(sqrt(layers))) applied.
   TrainOptions options() const;
   std::vector<datasets::Batch> micro_batches(int64_t step) const;
   std::vector<datasets::Batch> val_micro_batches() const;  // eval_batches x accum micro-batches

@@ -29,12 +29,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
-  for (const auto& r : recs)
-    if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
-  return nullptr;
-}
-
 // accum-eq: "gradient accumulation is equivalent to a larger batch". Per case with both implementations:
 // accumulate's gradient against large-batch's, in unit roundoffs of the compute dtype (`band`: within
 // the rounding a reordered sum gives); where the micro-batches count different tokens (pad > 0), the

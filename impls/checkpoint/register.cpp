@@ -32,17 +32,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-int64_t every_k(const Case& c) {
-  const int64_t k = c.integer("every", 0);
-  return k > 0 ? k : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(c.integer("layers")))));
-}
-
-const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
-  for (const auto& r : recs)
-    if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
-  return nullptr;
-}
-
 // Model state plus activations: what the step itself must hold (the CPU's fp32 staging of 16-bit GEMM
 // operands, tag workspace, is left out as in the precision claims: a GPU reads 16-bit operands directly).
 double state_and_activations(const Record& r) {
@@ -98,10 +87,7 @@ void register_technique(Registry& r) {
   for (Checkpoint cp : {Checkpoint::none, Checkpoint::full, Checkpoint::every_k, Checkpoint::selective})
     impls.push_back({model::checkpoint_name(cp), cp == Checkpoint::none ? Role::reference : Role::optimized,
                      std::string("checkpointing ") + model::checkpoint_name(cp),
-                     [cp](const TrainBench& b, model::TrainOptions& o) {
-                       o.checkpoint = cp;
-                       o.checkpoint_every = every_k(b.kase);
-                     }});
+                     [cp](const TrainBench&, model::TrainOptions& o) { o.checkpoint = cp; }});
   model::add_train_bench_impls(t, impls);
   t.claims["ckpt"] = check_ckpt;
   r.add(std::move(t));

@@ -44,12 +44,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {
-  for (const auto& r : recs)
-    if (r.impl == impl && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
-  return nullptr;
-}
-
 bool mixed(const Record& r) {
   const std::string p = r.kase.params.value("policy", std::string("fp32"));
   return p == "bf16-mixed" || p == "fp16-mixed" || p == "fp16-mixed-noscale";

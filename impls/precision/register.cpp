@@ -191,12 +191,6 @@ const Record* policy_record(const std::vector<Record>& recs, const char* policy)
   return best;
 }
 
-const Record* same_case(const std::vector<Record>& recs, const Record& like, const char* policy) {
-  for (const auto& r : recs)
-    if (r.impl == policy && r.status == "ok" && r.kase.id == like.kase.id && r.backend == like.backend) return &r;
-  return nullptr;
-}
-
 double state_bytes(const Record& r) {
   return r.counter("peak_bytes_weights") + r.counter("peak_bytes_grads") + r.counter("peak_bytes_master") +
          r.counter("peak_bytes_optimizer");
