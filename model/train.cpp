@@ -36,6 +36,11 @@ void validate(const Config& c, const TrainOptions& o) {
            "training: offload keeps fp32 master weights and moments on the host; it does not apply to bf16-pure, "
            "the float64 reference or an inference-only trainer");
   MT_CHECK(o.checkpoint_every >= 1, "training: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));
+  MT_CHECK(o.lora.rank >= 0, "training: lora rank must be >= 0, got " + std::to_string(o.lora.rank));
+  if (o.lora.rank > 0) {
+    MT_CHECK(!o.offload, "training: LoRA with offload is not supported (the adapters' state is small; offload the base instead)");
+    adapter_layout(c, o.lora);  // rank and alpha against the shapes
+  }
 }
 
 const char* checkpoint_name(Checkpoint c) {
@@ -278,6 +283,11 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     }
   }
 
+  void scale(S* p, int64_t n, C f) {
+#pragma omp parallel for num_threads(threads())
+    for (int64_t i = 0; i < n; ++i) p[i] = st<S>(ld(p[i]) * f);
+  }
+
   void swiglu(const S* g, const S* u, S* h, int64_t n) {
 #pragma omp parallel for num_threads(threads())
     for (int64_t i = 0; i < n; ++i) h[i] = st<S>(swiglu_forward_elem(ld(g[i]), ld(u[i])));
@@ -379,7 +389,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   bool any_non_finite(const S* g, float inv) {
     int64_t bad = 0;
 #pragma omp parallel for num_threads(threads()) reduction(+ : bad)
-    for (int64_t i = 0; i < L_.total; ++i)
+    for (int64_t i = 0; i < this->trainable_total(); ++i)
       if (!std::isfinite(static_cast<double>(ld(g[i])) * inv)) ++bad;
     return bad > 0;
   }
@@ -387,7 +397,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   void adamw(const ParamTensor& pt, float lr, float wd, float bc1, float bc2, float inv, int64_t t) {
     if constexpr (std::is_same_v<M, float>) {  // fp32 moments: the host AdamW kernel (the offload path's)
       const AdamStep st{lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2, inv};
-      S* w = weights_.template as<S>() + pt.offset;
+      S* w = this->tw().template as<S>() + pt.offset;
       const S* g = grads_.template as<S>() + pt.offset;
       float *m = m_.template as<float>() + pt.offset, *v = v_.template as<float>() + pt.offset;
       if (master_) cpu_adamw<S, S>(st, master_buf_.template as<float>() + pt.offset, m, v, g, w, pt.size);
@@ -396,8 +406,8 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
       return;
     }
     using U = std::conditional_t<std::is_same_v<M, double>, double, float>;  // update arithmetic
-    const int64_t P = L_.total;
-    S* w = weights_.template as<S>();
+    const int64_t P = this->trainable_total();
+    S* w = this->tw().template as<S>();
     const S* g = grads_.template as<S>();
     M *m = m_.template as<M>(), *v = v_.template as<M>();
     float* mw = master_ ? master_buf_.template as<float>() : nullptr;

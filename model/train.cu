@@ -214,6 +214,13 @@ __global__ void permute_kernel(const S* __restrict__ src, S* __restrict__ dst, c
 }
 
 template <class S>
+__global__ void scale_kernel(S* __restrict__ p, int64_t n, float f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    p[i] = from_f32<S>(to_f32(p[i]) * f);
+}
+
+template <class S>
 __global__ void swiglu_forward_kernel(const S* __restrict__ g, const S* __restrict__ u, S* __restrict__ h, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -477,6 +484,11 @@ class CudaTrainer final : public TrainerCore<CudaTrainer<S, M>, S, M, float> {
     MT_CUDA_LAUNCH();
   }
 
+  void scale(S* p, int64_t n, float f) {
+    scale_kernel<S><<<elem_blocks(n), kThreads, 0, stream()>>>(p, n, f);
+    MT_CUDA_LAUNCH();
+  }
+
   void swiglu(const S* g, const S* u, S* h, int64_t n) {
     swiglu_forward_kernel<S><<<elem_blocks(n), kThreads, 0, stream()>>>(g, u, h, n);
     MT_CUDA_LAUNCH();
@@ -626,7 +638,8 @@ class CudaTrainer final : public TrainerCore<CudaTrainer<S, M>, S, M, float> {
 
   bool any_non_finite(const S* g, float inv) {
     zero(flag(), sizeof(int));
-    non_finite_kernel<S><<<elem_blocks(L_.total), kThreads, 0, stream()>>>(g, L_.total, inv, flag());
+    const int64_t n = this->trainable_total();
+    non_finite_kernel<S><<<elem_blocks(n), kThreads, 0, stream()>>>(g, n, inv, flag());
     MT_CUDA_LAUNCH();
     int bad = 0;
     cuda_.copy(&bad, flag(), sizeof bad, CopyKind::device_to_host);
@@ -634,10 +647,10 @@ class CudaTrainer final : public TrainerCore<CudaTrainer<S, M>, S, M, float> {
   }
 
   void adamw(const ParamTensor& pt, float lr, float wd, float bc1, float bc2, float inv, int64_t t) {
-    const int64_t P = L_.total;
+    const int64_t P = this->trainable_total();
     float* mw = master_ ? master_buf_.template as<float>() : nullptr;
     const unsigned blocks = elem_blocks(pt.size);
-    S* w = weights_.template as<S>();
+    S* w = this->tw().template as<S>();
     const S* g = grads_.template as<S>();
     M *m = m_.template as<M>(), *v = v_.template as<M>();
     if (master_)

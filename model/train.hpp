@@ -25,6 +25,11 @@
 // loads 16-bit values, computes in fp32 (OpenBLAS sgemm on fp32 copies of the operands for GEMMs,
 // the FlashAttention-2 CPU kernels for attention) and rounds its output back to 16 bits.
 //
+// LoRA (TrainOptions::lora, lora.hpp): the base weights (tag weights, in the weight dtype) are frozen: no
+// gradients, master copy or moments for them, and the backward computes no weight gradient for the
+// base (input gradients still flow through it). The adapters (tag weights) have gradients, moments and,
+// under mixed policies, an fp32 master copy. An adapted projection keeps s * (x A^T) [rows x r] as an
+// activation for its backward. Not with offload.
 // Step semantics: gradients are zeroed once per optimizer step and accumulated over accum_steps
 // micro-batches; the loss gradient of every counted token is loss_scale / (counted tokens of all
 // micro-batches), so accumulation equals one large batch up to rounding, also when the micro-batches
@@ -42,6 +47,7 @@
 
 #include "datasets/corpus.hpp"
 #include "harness/device.hpp"
+#include "model/lora.hpp"
 #include "model/model.hpp"
 #include "precision/policies.hpp"
 
@@ -77,6 +83,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 1;  // k of every_k
   bool mean_of_means = false;    // the accumulation mistake: each micro-batch's mean loss, averaged
   bool offload = false;          // ZeRO-Offload: optimizer state, master weights and gradients on the host
+  LoraOptions lora;              // rank > 0: the base is frozen and only LoRA adapters train (lora.hpp)
   bool inference_only = false;  // weights and the forward only: no gradients, master copy or moments
                                 // (eval_loss and linear_inputs work; step and gradients throw)
 };
@@ -120,8 +127,13 @@ class Trainer {
   // The same over micro-batches, as a step accumulates them (the loss normalized by their counted
   // tokens, or their means averaged under mean_of_means).
   virtual std::vector<double> gradients(std::span<const datasets::Batch> micro) = 0;
-  // The working weights (what the forward reads), as fp32.
+  // The working weights (what the forward reads), as fp32: the base model's, without adapters.
   virtual std::vector<float> params() const = 0;
+  // What the optimizer updates, as fp32: every parameter (params()), or the LoRA adapters in the
+  // adapter layout's order. gradients() returns gradients of these.
+  virtual std::vector<float> trainable_params() const = 0;
+  // Replaces the trainable values (rounded to the weight dtype; the master copy takes them as given).
+  virtual void set_trainable(std::span<const float> values) = 0;
   virtual const precision::LossScaler& scaler() const = 0;
   virtual int64_t steps_taken() const = 0;
   // The inputs of every linear layer for one batch at the current weights (forward only), as fp32

@@ -17,6 +17,7 @@
 //   swiglu(g, u, h, n), swiglu_bwd(g, u, dh, n)   the backward leaves dg in g and du in u
 //   ce_loss_sum(logits, targets)              sum over rows of the cross-entropy (double)
 //   ce_bwd(logits, targets, scale)            dlogits in place
+//   scale(ptr, n, f)                          ptr[i] = ptr[i] * f, rounded to S (LoRA's alpha / r)
 //   clear_counters(), read_counters(stats)    the fp16-underflow counters of a step (device backends)
 //   any_non_finite(grads, inv_scale)          a gradient whose unscaled value is Inf or NaN
 //   adamw(tensor, lr, wd, bc1, bc2, inv_scale, t)  the update of one parameter tensor under the policy
@@ -41,6 +42,7 @@ namespace memtrade::model {
 // state (the CPU flash kernels' log-sum-exp, or the CUDA plain attention's probabilities).
 struct LayerActs {
   Buffer x_in, rms1, xn1, q, k, v, o, attn, x_mid, rms2, xn2, g, u;
+  std::array<Buffer, kProjCount> lora;  // s * (x A^T) of each adapted projection (LoRA)
 };
 struct Acts {
   std::vector<LayerActs> layer;
@@ -92,12 +94,13 @@ class TrainerCore : public Trainer {
     const float scale = s.loss_scale, inv = scaler_.inv_scale();
     if constexpr (std::is_same_v<S, double>) {  // the float64 reference: every bit of its gradient
       const double* g = grads_.template as<double>();
-      std::vector<double> out(g, g + L_.total);
+      std::vector<double> out(g, g + trainable_total());
       if (scale != 1.f)
         for (auto& x : out) x *= static_cast<double>(inv);
       return out;
     } else {
-      const auto g = offload_ ? host_widen(grads_.template as<S>(), L_.total) : be().widen(grads_.template as<S>(), L_.total);
+      const int64_t n = trainable_total();
+      const auto g = offload_ ? host_widen(grads_.template as<S>(), n) : be().widen(grads_.template as<S>(), n);
       std::vector<double> out(g.size());
       for (std::size_t i = 0; i < g.size(); ++i) out[i] = precision::unscale(g[i], inv);
       return out;
@@ -106,6 +109,17 @@ class TrainerCore : public Trainer {
 
   std::vector<float> params() const override {
     return const_cast<TrainerCore*>(this)->be().widen(weights_.template as<S>(), L_.total);
+  }
+
+  std::vector<float> trainable_params() const override {
+    return const_cast<TrainerCore*>(this)->be().widen(tw().template as<S>(), trainable_total());
+  }
+
+  void set_trainable(std::span<const float> v) override {
+    const int64_t n = trainable_total();
+    MT_CHECK(static_cast<int64_t>(v.size()) == n, "set_trainable: " + std::to_string(v.size()) +
+                                                      " values, expected " + std::to_string(n));
+    upload(tw(), v, n);
   }
 
   // The forward's xn1, o (back in rows), xn2 and swiglu(g, u), widened to fp32.
@@ -139,9 +153,16 @@ class TrainerCore : public Trainer {
       : c_(c), o_(o), dev_(dev), L_(param_layout(c)), master_(master), scaler_(scaler) {
     validate(c, o);
     MT_CHECK(static_cast<int64_t>(init.size()) == L_.total, "trainer: initial parameters do not match the config");
-    const int64_t P = L_.total;
     auto& pool = dev.memory();
-    weights_ = Buffer(pool, P * sizeof(S), Tag::weights);
+    weights_ = Buffer(pool, L_.total * sizeof(S), Tag::weights);
+    std::vector<float> adapter_init;
+    if (o.lora.rank > 0) {  // the base is frozen: gradients, moments and master cover the adapters only
+      lora_ = true;
+      AL_ = adapter_layout(c, o.lora);
+      adapters_ = Buffer(pool, AL_.total * sizeof(S), Tag::weights);
+      adapter_init = lora_init(c, o.lora, o.seed);
+    }
+    const int64_t P = trainable_total();
     if (o.offload) {  // validate() has ruled out bf16 moments, float64 and inference_only
       if constexpr (kCanOffload) {
         offload_ = true;
@@ -151,7 +172,6 @@ class TrainerCore : public Trainer {
         m_ = Buffer(host, P * sizeof(M), Tag::optimizer);
         v_ = Buffer(host, P * sizeof(M), Tag::optimizer);
         master_buf_ = Buffer(host, P * sizeof(float), Tag::master);
-        std::memcpy(master_buf_.data(), init.data(), P * sizeof(float));
         flushed_.assign(c.layers + 3, false);
       } else {
         throw Error("offload: needs fp32 AdamW moments (not bf16-pure or the float64 reference)");
@@ -164,13 +184,27 @@ class TrainerCore : public Trainer {
       v_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
     }
     if (master_ && !offload_) master_buf_ = Buffer(pool, P * sizeof(float), Tag::master);
-    std::vector<S> w(P);
-    for (int64_t i = 0; i < P; ++i) w[i] = store<S>(static_cast<C>(init[i]));
-    dev.copy(weights_.data(), w.data(), P * sizeof(S), CopyKind::host_to_device);
-    if (master_ && !offload_) dev.copy(master_buf_.data(), init.data(), P * sizeof(float), CopyKind::host_to_device);
+    upload(weights_, init, L_.total, !lora_);
+    if (lora_) upload(adapters_, adapter_init, P);
     ids_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
     targets_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
   }
+
+  // Uploads n fp32 values to `dst` rounded to S, and (when `trainable` and there is one) to the master copy.
+  void upload(Buffer& dst, std::span<const float> v, int64_t n, bool trainable = true) {
+    std::vector<S> w(n);
+    for (int64_t i = 0; i < n; ++i) w[i] = store<S>(static_cast<C>(v[i]));
+    dev_.copy(dst.data(), w.data(), n * sizeof(S), CopyKind::host_to_device);
+    if (!trainable || !master_) return;
+    if (offload_) std::memcpy(master_buf_.data(), v.data(), n * sizeof(float));
+    else dev_.copy(master_buf_.data(), v.data(), n * sizeof(float), CopyKind::host_to_device);
+  }
+
+  // What the optimizer updates: every parameter, or the adapters (LoRA).
+  const std::vector<ParamTensor>& trainable_tensors() const { return lora_ ? AL_.tensors : L_.tensors; }
+  int64_t trainable_total() const { return lora_ ? AL_.total : L_.total; }
+  const Buffer& tw() const { return lora_ ? adapters_ : weights_; }
+  Buffer& tw() { return lora_ ? adapters_ : weights_; }
 
   // Host-side rounding of a C value to a storage type.
   template <class T>
@@ -337,11 +371,15 @@ class TrainerCore : public Trainer {
     A.attn = act(be().attention_saved_bytes(), 1);
     {
       Buffer lin = ws(R * D);
-      be().gemm(false, true, R, D, D, A.xn1.template as<S>(), W(P.wq), lin.template as<S>(), false);
+      S* xn = A.xn1.template as<S>();
+      be().gemm(false, true, R, D, D, xn, W(P.wq), lin.template as<S>(), false);
+      lora_fwd(l, Proj::q, xn, lin.template as<S>(), A);
       be().to_heads(lin.template as<S>(), A.q.template as<S>(), c_.heads, true);
-      be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wk), lin.template as<S>(), false);
+      be().gemm(false, true, R, KV, D, xn, W(P.wk), lin.template as<S>(), false);
+      lora_fwd(l, Proj::k, xn, lin.template as<S>(), A);
       be().to_heads(lin.template as<S>(), A.k.template as<S>(), c_.kv_heads, true);
-      be().gemm(false, true, R, KV, D, A.xn1.template as<S>(), W(P.wv), lin.template as<S>(), false);
+      be().gemm(false, true, R, KV, D, xn, W(P.wv), lin.template as<S>(), false);
+      lora_fwd(l, Proj::v, xn, lin.template as<S>(), A);
       be().to_heads(lin.template as<S>(), A.v.template as<S>(), c_.kv_heads, false);
     }
     be().attention_fwd(A);
@@ -351,6 +389,7 @@ class TrainerCore : public Trainer {
       be().from_heads(A.o.template as<S>(), ot.template as<S>(), c_.heads, false);
       copy_rows(A.x_in, A.x_mid, R * D);
       be().gemm(false, true, R, D, D, ot.template as<S>(), W(P.wo), A.x_mid.template as<S>(), true);
+      lora_fwd(l, Proj::o, ot.template as<S>(), A.x_mid.template as<S>(), A);
     }
     A.rms2 = act(R, sizeof(C));
     A.xn2 = act(R * D);
@@ -358,13 +397,16 @@ class TrainerCore : public Trainer {
     A.g = act(R * F);
     A.u = act(R * F);
     be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wg), A.g.template as<S>(), false);
+    lora_fwd(l, Proj::gate, A.xn2.template as<S>(), A.g.template as<S>(), A);
     be().gemm(false, true, R, F, D, A.xn2.template as<S>(), W(P.wu), A.u.template as<S>(), false);
+    lora_fwd(l, Proj::up, A.xn2.template as<S>(), A.u.template as<S>(), A);
     Buffer x = act(R * D);
     {
       Buffer h = ws(R * F);
       be().swiglu(A.g.template as<S>(), A.u.template as<S>(), h.template as<S>(), R * F);
       copy_rows(A.x_mid, x, R * D);
       be().gemm(false, true, R, D, F, h.template as<S>(), W(P.wd), x.template as<S>(), true);
+      lora_fwd(l, Proj::down, h.template as<S>(), x.template as<S>(), A);
     }
     return x;
   }
@@ -379,7 +421,8 @@ class TrainerCore : public Trainer {
     const int64_t k = segment_layers();
     if (k == 0 || l >= last_segment_start()) return;
     Buffer input = std::move(A.x_in);
-    A = LayerActs{};
+    LayerActs dropped;
+    std::swap(A, dropped);
     if (l % k == 0) A.x_in = std::move(input);  // the segment's checkpoint
   }
 
@@ -427,7 +470,10 @@ class TrainerCore : public Trainer {
     be().ce_bwd(a.logits.template as<S>(), targets_.template as<int32_t>(), scale);  // dlogits in place
     const S* dz = a.logits.template as<S>();
     stage_segment(head_segment(), s);
-    be().gemm_grad(V, D, R, dz, a.xnf.template as<S>(), G(L_.head), s);
+    grad_w(V, D, R, dz, a.xnf.template as<S>(), L_.head, s);
+    Buffer sink = lora_ ? ws(D) : Buffer();  // the frozen norms' weight gradients, discarded
+    if (lora_) be().zero(sink.data(), sink.bytes());
+    auto GN = [&](int64_t off) { return lora_ ? sink.template as<S>() : G(off); };
     Buffer dres = ws(R * D);  // gradient of the residual stream
     be().zero(dres.data(), dres.bytes());
     {
@@ -436,7 +482,7 @@ class TrainerCore : public Trainer {
       a.logits.reset();
       stage_segment(c_.layers + 1, s);
       be().rmsnorm_bwd(a.x_final.template as<S>(), W(L_.final_norm), a.rmsf.template as<C>(), dxn.template as<S>(),
-                       dres.template as<S>(), G(L_.final_norm));
+                       dres.template as<S>(), GN(L_.final_norm));
       a.x_final.reset();
       a.rmsf.reset();
       a.xnf.reset();
@@ -456,16 +502,20 @@ class TrainerCore : public Trainer {
       {
         Buffer h = ws(R * F), dh = ws(R * F);
         be().swiglu(A.g.template as<S>(), A.u.template as<S>(), h.template as<S>(), R * F);
-        be().gemm_grad(D, F, R, dr, h.template as<S>(), G(P.wd), s);
+        grad_w(D, F, R, dr, h.template as<S>(), P.wd, s);
         be().gemm(false, false, R, F, D, dr, W(P.wd), dh.template as<S>(), false);
+        lora_dx(l, Proj::down, lora_bwd(l, Proj::down, h.template as<S>(), dr, A, s), dh.template as<S>());
         be().swiglu_bwd(A.g.template as<S>(), A.u.template as<S>(), dh.template as<S>(), R * F);  // g, u: dg, du
       }
       {
         Buffer dxn = ws(R * D);
-        be().gemm_grad(F, D, R, A.g.template as<S>(), A.xn2.template as<S>(), G(P.wg), s);
-        be().gemm_grad(F, D, R, A.u.template as<S>(), A.xn2.template as<S>(), G(P.wu), s);
+        S* xn = A.xn2.template as<S>();
+        grad_w(F, D, R, A.g.template as<S>(), xn, P.wg, s);
+        grad_w(F, D, R, A.u.template as<S>(), xn, P.wu, s);
         be().gemm(false, false, R, D, F, A.g.template as<S>(), W(P.wg), dxn.template as<S>(), false);
         be().gemm(false, false, R, D, F, A.u.template as<S>(), W(P.wu), dxn.template as<S>(), true);
+        lora_dx(l, Proj::gate, lora_bwd(l, Proj::gate, xn, A.g.template as<S>(), A, s), dxn.template as<S>());
+        lora_dx(l, Proj::up, lora_bwd(l, Proj::up, xn, A.u.template as<S>(), A, s), dxn.template as<S>());
         A.g.reset();
         A.u.reset();
         if (selective) {
@@ -474,14 +524,16 @@ class TrainerCore : public Trainer {
           be().rmsnorm_fwd(A.x_in.template as<S>(), W(P.attn_norm), A.xn1.template as<S>(), A.rms1.template as<C>());
         }
         be().rmsnorm_bwd(A.x_mid.template as<S>(), W(P.mlp_norm), A.rms2.template as<C>(), dxn.template as<S>(), dr,
-                         G(P.mlp_norm));
+                         GN(P.mlp_norm));
       }
       // Attention: x_mid = x_in + Wo attn(...)
       {
         Buffer ot = ws(R * D), dot = ws(R * D), dq = ws(R * D), dk = ws(R * KV), dv = ws(R * KV);
         be().from_heads(A.o.template as<S>(), ot.template as<S>(), c_.heads, false);
-        be().gemm_grad(D, D, R, dr, ot.template as<S>(), G(P.wo), s);
+        grad_w(D, D, R, dr, ot.template as<S>(), P.wo, s);
+        Buffer dto = lora_bwd(l, Proj::o, ot.template as<S>(), dr, A, s);  // before ot becomes d(o)
         be().gemm(false, false, R, D, D, dr, W(P.wo), ot.template as<S>(), false);  // d(o) rows
+        lora_dx(l, Proj::o, dto, ot.template as<S>());
         be().to_heads(ot.template as<S>(), dot.template as<S>(), c_.heads, false);
         be().attention_bwd(A, dot.template as<S>(), dq.template as<S>(), dk.template as<S>(), dv.template as<S>());
         A.o.reset();
@@ -491,24 +543,77 @@ class TrainerCore : public Trainer {
         be().from_heads(dq.template as<S>(), ot.template as<S>(), c_.heads, true);
         be().from_heads(dk.template as<S>(), dkr.template as<S>(), c_.kv_heads, true);
         be().from_heads(dv.template as<S>(), dvr.template as<S>(), c_.kv_heads, false);
-        be().gemm_grad(D, D, R, ot.template as<S>(), A.xn1.template as<S>(), G(P.wq), s);
-        be().gemm_grad(KV, D, R, dkr.template as<S>(), A.xn1.template as<S>(), G(P.wk), s);
-        be().gemm_grad(KV, D, R, dvr.template as<S>(), A.xn1.template as<S>(), G(P.wv), s);
+        S* xn = A.xn1.template as<S>();
+        grad_w(D, D, R, ot.template as<S>(), xn, P.wq, s);
+        grad_w(KV, D, R, dkr.template as<S>(), xn, P.wk, s);
+        grad_w(KV, D, R, dvr.template as<S>(), xn, P.wv, s);
         be().gemm(false, false, R, D, D, ot.template as<S>(), W(P.wq), dot.template as<S>(), false);
         be().gemm(false, false, R, D, KV, dkr.template as<S>(), W(P.wk), dot.template as<S>(), true);
         be().gemm(false, false, R, D, KV, dvr.template as<S>(), W(P.wv), dot.template as<S>(), true);
+        lora_dx(l, Proj::q, lora_bwd(l, Proj::q, xn, ot.template as<S>(), A, s), dot.template as<S>());
+        lora_dx(l, Proj::k, lora_bwd(l, Proj::k, xn, dkr.template as<S>(), A, s), dot.template as<S>());
+        lora_dx(l, Proj::v, lora_bwd(l, Proj::v, xn, dvr.template as<S>(), A, s), dot.template as<S>());
         be().rmsnorm_bwd(A.x_in.template as<S>(), W(P.attn_norm), A.rms1.template as<C>(), dot.template as<S>(), dr,
-                         G(P.attn_norm));
+                         GN(P.attn_norm));
       }
       a.layer.pop_back();
     }
     stage_segment(0, s);
-    be().embedding_bwd(ids_.template as<int32_t>(), dres.template as<S>(), G(L_.embed));
+    if (!lora_) be().embedding_bwd(ids_.template as<int32_t>(), dres.template as<S>(), G(L_.embed));
     if (offload_) {
       flush_segment(s);
       stage_.reset();
     }
     return loss;
+  }
+
+  // A base weight's gradient grad[m x n] += dY^T X (nothing when the base is frozen).
+  void grad_w(int64_t m, int64_t n, int64_t k, const S* dY, const S* X, int64_t off, StepStats* s) {
+    if (!lora_) be().gemm_grad(m, n, k, dY, X, G(off), s);
+  }
+
+  // ---- LoRA on projection p of layer l: y += s B (A x), s = alpha / r ----
+
+  const AdapterLayout::Site* lora_site(int64_t l, Proj p) const {
+    if (!lora_) return nullptr;
+    const auto& site = AL_.layer[l][static_cast<int>(p)];
+    return site.on() ? &site : nullptr;
+  }
+  S* AW(int64_t off) const { return adapters_.template as<S>() + off; }
+  // Forward: keeps t = s * (x A^T) [R x r], then y[R x out] += t B^T.
+  void lora_fwd(int64_t l, Proj p, const S* x, S* y, LayerActs& A) {
+    const auto* site = lora_site(l, p);
+    if (!site) return;
+    const auto [n_out, n_in] = proj_shape(c_, p);
+    const int64_t R = rows(), r = o_.lora.rank;
+    Buffer& t = A.lora[static_cast<int>(p)];
+    t = act(R * r);
+    be().gemm(false, true, R, r, n_in, x, AW(site->a), t.template as<S>(), false);
+    be().scale(t.template as<S>(), R * r, static_cast<C>(o_.lora.scaling()));
+    be().gemm(false, true, R, n_out, r, t.template as<S>(), AW(site->b), y, true);
+  }
+  // Backward: dB += dy^T t; dt = s * (dy B); dA += dt^T x. Returns dt (empty when p is not adapted) for
+  // lora_dx; frees t.
+  Buffer lora_bwd(int64_t l, Proj p, const S* x, const S* dy, LayerActs& A, StepStats* s) {
+    const auto* site = lora_site(l, p);
+    if (!site) return {};
+    const auto [n_out, n_in] = proj_shape(c_, p);
+    const int64_t R = rows(), r = o_.lora.rank;
+    Buffer& t = A.lora[static_cast<int>(p)];
+    S* g = grads_.template as<S>();
+    Buffer dt = ws(R * r);
+    be().gemm(false, false, R, r, n_out, dy, AW(site->b), dt.template as<S>(), false);
+    be().scale(dt.template as<S>(), R * r, static_cast<C>(o_.lora.scaling()));
+    be().gemm_grad(n_out, r, R, dy, t.template as<S>(), g + site->b, s);
+    be().gemm_grad(r, n_in, R, dt.template as<S>(), x, g + site->a, s);
+    t.reset();
+    return dt;
+  }
+  // dx[R x in] += dt A.
+  void lora_dx(int64_t l, Proj p, const Buffer& dt, S* dx) {
+    if (dt.data() == nullptr) return;
+    const int64_t in = proj_shape(c_, p)[1];
+    be().gemm(false, false, rows(), in, o_.lora.rank, dt.template as<S>(), AW(lora_site(l, p)->a), dx, true);
   }
 
   // AdamW under the policy, unless the loss scaler skips the step.
@@ -521,7 +626,7 @@ class TrainerCore : public Trainer {
     float bc1, bc2;
     adam_bias_corrections(o_.beta1, o_.beta2, t, bc1, bc2);
     const float lr = learning_rate(t);
-    for (const ParamTensor& pt : L_.tensors) be().adamw(pt, lr, pt.decay ? o_.weight_decay : 0.f, bc1, bc2, inv, t);
+    for (const ParamTensor& pt : trainable_tensors()) be().adamw(pt, lr, pt.decay ? o_.weight_decay : 0.f, bc1, bc2, inv, t);
     adam_t_ = t;
     return true;
   }
@@ -589,6 +694,10 @@ class TrainerCore : public Trainer {
   // host this step.
   bool offload_ = false;
   Buffer stage_;
+  // LoRA: the adapters' layout and working values (grads_, m_, v_ and master_buf_ then cover them only).
+  bool lora_ = false;
+  AdapterLayout AL_;
+  Buffer adapters_;
   int64_t stage_id_ = -1, stage_lo_ = 0, stage_hi_ = 0;
   std::vector<bool> flushed_;
 };
