@@ -3,7 +3,7 @@
 // to this list.
 #include "app/techniques.hpp"
 
-#define MEMTRADE_TECHNIQUES(X) X(gemm) X(attention) X(precision) X(quant) X(quant_model) X(calibrate) X(kvcache) X(checkpoint) X(accum) X(offload)
+#define MEMTRADE_TECHNIQUES(X) X(gemm) X(attention) X(precision) X(quant) X(quant_model) X(calibrate) X(kvcache) X(checkpoint) X(accum) X(offload) X(lora)
 
 #define MEMTRADE_DECLARE(name) \
   namespace memtrade::name {   \

@@ -41,6 +41,8 @@ void validate(const Config& c, const TrainOptions& o) {
     MT_CHECK(!o.offload, "training: LoRA with offload is not supported (the adapters' state is small; offload the base instead)");
     adapter_layout(c, o.lora);  // rank and alpha against the shapes
   }
+  MT_CHECK(!o.base_format || (o.lora.rank > 0 && o.base_format->bytes && o.base_format->encode && o.base_format->decode),
+           "training: a quantized base format needs LoRA adapters (a frozen base) and its three functions");
 }
 
 const char* checkpoint_name(Checkpoint c) {

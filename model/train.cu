@@ -673,6 +673,7 @@ std::unique_ptr<Trainer> make_trainer_cuda(const Config& c, const TrainOptions& 
                                            std::span<const float> init) {
   validate(c, o);
   MT_CHECK(!o.float64, "training (cuda): the float64 reference runs on the CPU only");
+  if (o.base_format) throw Skip("training (cuda): a quantized base (QLoRA) is decoded on the host; CPU backend only so far");
   as_cuda(dev);  // throws for another backend
   switch (o.policy) {
     case Policy::fp32: return std::make_unique<CudaTrainer<float, float>>(c, o, dev, init);

@@ -41,7 +41,9 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -69,6 +71,18 @@ enum class Checkpoint { none, full, every_k, selective };
 const char* checkpoint_name(Checkpoint c);
 Checkpoint parse_checkpoint(const std::string& name);  // Error naming the accepted names
 
+// A storage format for the frozen base's projections (QLoRA's NF4): the bytes of a [rows x cols] matrix,
+// and its encoding from and decoding to fp32. The trainer keeps each q/k/v/o/gate/up/down projection as
+// one blob of that many bytes (tag weights) and decodes it whole, into a workspace matrix in the weight
+// dtype, before each GEMM that reads it (forward and backward), as bitsandbytes does; the embedding,
+// lm_head and norms stay in the weight dtype.
+struct BaseFormat {
+  std::string name;
+  std::function<std::size_t(int64_t rows, int64_t cols)> bytes;
+  std::function<void(int64_t rows, int64_t cols, const float* w, uint8_t* blob)> encode;
+  std::function<void(int64_t rows, int64_t cols, const uint8_t* blob, float* w)> decode;
+};
+
 struct TrainOptions {
   precision::Policy policy = precision::Policy::fp32;
   bool float64 = false;         // the float64 reference: every value and operation in double (policy ignored)
@@ -84,6 +98,7 @@ struct TrainOptions {
   bool mean_of_means = false;    // the accumulation mistake: each micro-batch's mean loss, averaged
   bool offload = false;          // ZeRO-Offload: optimizer state, master weights and gradients on the host
   LoraOptions lora;              // rank > 0: the base is frozen and only LoRA adapters train (lora.hpp)
+  std::shared_ptr<const BaseFormat> base_format;  // with LoRA: the projections stored in it (QLoRA); null: in S
   bool inference_only = false;  // weights and the forward only: no gradients, master copy or moments
                                 // (eval_loss and linear_inputs work; step and gradients throw)
 };

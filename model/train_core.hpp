@@ -108,7 +108,19 @@ class TrainerCore : public Trainer {
   }
 
   std::vector<float> params() const override {
-    return const_cast<TrainerCore*>(this)->be().widen(weights_.template as<S>(), L_.total);
+    auto& self = *const_cast<TrainerCore*>(this);
+    if (!qfmt_) return self.be().widen(weights_.template as<S>(), L_.total);
+    std::vector<float> out(L_.total);
+    for (const auto& [off, at, n] : rest_) {
+      const auto v = self.be().widen(weights_.template as<S>() + at, n);
+      std::copy(v.begin(), v.end(), out.begin() + off);
+    }
+    for (const QProj& q : qproj_) {
+      std::vector<uint8_t> blob(q.blob.bytes());
+      dev_.copy(blob.data(), q.blob.data(), blob.size(), CopyKind::device_to_host);
+      qfmt_->decode(q.rows, q.cols, blob.data(), out.data() + q.offset);
+    }
+    return out;
   }
 
   std::vector<float> trainable_params() const override {
@@ -154,7 +166,12 @@ class TrainerCore : public Trainer {
     validate(c, o);
     MT_CHECK(static_cast<int64_t>(init.size()) == L_.total, "trainer: initial parameters do not match the config");
     auto& pool = dev.memory();
-    weights_ = Buffer(pool, L_.total * sizeof(S), Tag::weights);
+    if (o.base_format) {
+      qfmt_ = o.base_format;
+      store_quantized_base(init);
+    } else {
+      weights_ = Buffer(pool, L_.total * sizeof(S), Tag::weights);
+    }
     std::vector<float> adapter_init;
     if (o.lora.rank > 0) {  // the base is frozen: gradients, moments and master cover the adapters only
       lora_ = true;
@@ -184,7 +201,7 @@ class TrainerCore : public Trainer {
       v_ = Buffer(pool, P * sizeof(M), Tag::optimizer);
     }
     if (master_ && !offload_) master_buf_ = Buffer(pool, P * sizeof(float), Tag::master);
-    upload(weights_, init, L_.total, !lora_);
+    if (!qfmt_) upload(weights_, init, L_.total, !lora_);
     if (lora_) upload(adapters_, adapter_init, P);
     ids_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
     targets_ = Buffer(pool, rows() * sizeof(int32_t), Tag::io);
@@ -217,7 +234,69 @@ class TrainerCore : public Trainer {
   int64_t rows() const { return o_.batch * o_.seq; }
   Buffer act(int64_t n, std::size_t elem = sizeof(S)) { return Buffer(dev_.memory(), n * elem, Tag::activations); }
   Buffer ws(int64_t n, std::size_t elem = sizeof(S)) { return Buffer(dev_.memory(), n * elem, Tag::workspace); }
-  S* W(int64_t off) const { return weights_.template as<S>() + off; }
+  // QLoRA: a projection's blob, and a tensor packed in weights_ (layout offset, weights_ offset, size).
+  struct QProj {
+    int64_t offset, rows, cols;
+    Buffer blob;
+  };
+  struct Packed {
+    int64_t offset, at, size;
+  };
+  S* W(int64_t off) const {
+    if (!qfmt_) return weights_.template as<S>() + off;
+    for (const auto& [lo, at, n] : rest_)
+      if (lo == off) return weights_.template as<S>() + at;
+    for (const QProj& q : qproj_)
+      if (q.offset == off) return decoded(q);
+    throw Error("training: no base tensor at offset " + std::to_string(off));
+  }
+
+  // ---- QLoRA: the projections as blobs of o_.base_format, the other tensors packed in weights_ ----
+
+  void store_quantized_base(std::span<const float> init) {
+    auto& pool = dev_.memory();
+    int64_t packed = 0, largest = 0;
+    std::vector<int64_t> is_proj(L_.total, 0);
+    for (int64_t l = 0; l < c_.layers; ++l)
+      for (int p = 0; p < kProjCount; ++p) {
+        const auto [rows, cols] = proj_shape(c_, static_cast<Proj>(p));
+        QProj q{proj_offset(L_, l, static_cast<Proj>(p)), rows, cols, Buffer(pool, qfmt_->bytes(rows, cols), Tag::weights)};
+        std::vector<uint8_t> blob(q.blob.bytes());
+        qfmt_->encode(rows, cols, init.data() + q.offset, blob.data());
+        dev_.copy(q.blob.data(), blob.data(), blob.size(), CopyKind::host_to_device);
+        largest = std::max(largest, rows * cols);
+        qproj_.push_back(std::move(q));
+      }
+    for (const ParamTensor& t : L_.tensors) {
+      const bool proj = std::any_of(qproj_.begin(), qproj_.end(), [&](const QProj& q) { return q.offset == t.offset; });
+      if (proj) continue;
+      rest_.push_back({t.offset, packed, t.size});
+      packed += t.size;
+    }
+    weights_ = Buffer(pool, packed * sizeof(S), Tag::weights);
+    std::vector<float> rest(packed);
+    for (const auto& [off, at, n] : rest_) std::copy(init.begin() + off, init.begin() + off + n, rest.begin() + at);
+    upload(weights_, rest, packed, false);
+    decoded_ = Buffer(pool, largest * sizeof(S), Tag::workspace);
+  }
+
+  // Decodes a projection into the workspace matrix (kept until another projection is decoded).
+  S* decoded(const QProj& q) const {
+    S* out = decoded_.template as<S>();
+    if (decoded_off_ == q.offset) return out;
+    const int64_t n = q.rows * q.cols;
+    Buffer blob(dev_.host(), q.blob.bytes(), Tag::workspace), wide(dev_.host(), n * sizeof(float), Tag::workspace),
+        narrow(dev_.host(), n * sizeof(S), Tag::workspace);
+    dev_.copy(blob.data(), q.blob.data(), q.blob.bytes(), CopyKind::device_to_host);
+    qfmt_->decode(q.rows, q.cols, blob.template as<uint8_t>(), wide.template as<float>());
+    const float* w = wide.template as<float>();
+    S* s = narrow.template as<S>();
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) s[i] = store<S>(static_cast<C>(w[i]));
+    dev_.copy(out, s, n * sizeof(S), CopyKind::host_to_device);
+    decoded_off_ = q.offset;
+    return out;
+  }
   // A parameter's gradient: in the gradient buffer, or (offload) in the device's staged segment.
   S* G(int64_t off) const {
     if (!offload_) return grads_.template as<S>() + off;
@@ -698,6 +777,13 @@ class TrainerCore : public Trainer {
   bool lora_ = false;
   AdapterLayout AL_;
   Buffer adapters_;
+  // QLoRA: the format, the projections' blobs, the other tensors' (layout offset, weights_ offset, size),
+  // and the workspace matrix holding the last decoded projection.
+  std::shared_ptr<const BaseFormat> qfmt_;
+  std::vector<QProj> qproj_;
+  std::vector<Packed> rest_;
+  Buffer decoded_;
+  mutable int64_t decoded_off_ = -1;
   int64_t stage_id_ = -1, stage_lo_ = 0, stage_hi_ = 0;
   std::vector<bool> flushed_;
 };

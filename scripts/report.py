@@ -721,7 +721,7 @@ def serving_figures(cases):
 
 SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": tag_figures("precision"),
                    "checkpoint": tag_figures("checkpoint"), "accum": tag_figures("accum"),
-                   "offload": tag_figures("offload"), "cpu_adam": bandwidth_figures,
+                   "offload": tag_figures("offload"), "lora": tag_figures("lora"), "cpu_adam": bandwidth_figures,
                    "kvcache_serving": serving_figures}
 
 
@@ -928,6 +928,7 @@ def cases_table(series, varying):
 # Technique-specific figures shown in a second table when any case of the technique has them.
 DOMAIN_COUNTERS = [
     ("tokens_per_s", "tokens/s", ".4g"), ("val_loss", "val loss", ".5g"),
+    ("val_loss_pretrained", "val loss before fine-tuning", ".5g"), ("trainable_params", "trainable params", "g"),
     ("val_loss_rel_delta_vs_fp32", "val loss vs fp32", "+.3%"), ("perplexity", "perplexity", ".5g"),
     ("perplexity_rel_delta", "perplexity vs fp32", "+.3%"),
     ("model_state_bytes_per_param", "state B/param", ".3g"), ("skipped_steps", "skipped steps", "g"),

@@ -11,6 +11,8 @@
 #include <fstream>
 
 #include "datasets/random.hpp"
+#include "impls/lora/finetune_model.hpp"
+#include "impls/lora/qlora.hpp"
 #include "model/lora.hpp"
 #include "model/safetensors.hpp"
 #include "model_fixtures.hpp"
@@ -243,6 +245,99 @@ TEST(Lora, TrackedBytesAreTheAdapterLayouts) {
       EXPECT_EQ(peak, plain + c.layers * sites * 32 * lo.rank * S) << precision::policy_name(p) << " r=" << lo.rank;
     }
   }
+}
+
+// QLoRA decodes each NF4-DQ projection before its GEMM: its logits and adapter gradients equal LoRA's
+// over the decoded base bit for bit; training leaves the base as it was; the base holds NF4-DQ's bytes.
+TEST(Qlora, EqualsLoraOnTheDecodedBaseBitForBit) {
+  const Config c = test::tiny_model();
+  const auto w = test::test_weights(c, 3);
+  const auto batch = test::random_tokens(2, 16, 2);
+  const auto nf4 = lora::quantized_base("nf4-dq");
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed}) {
+    auto dev = make_cpu_device();
+    TrainOptions o = test::train_options(p);
+    o.lora = lora(4);
+    const auto ad = nonzero_adapters(c, o.lora, 5);
+    TrainOptions oq = o;
+    oq.base_format = nf4;
+    auto q = model::make_trainer_cpu(c, oq, *dev, w);
+    q->set_trainable(ad);
+    const auto decoded = q->params();
+    EXPECT_GT(max_abs_diff(decoded, w), 0.0) << "NF4 is lossy";
+    auto l = model::make_trainer_cpu(c, o, *dev, decoded);
+    l->set_trainable(ad);
+    EXPECT_EQ(q->logits(batch), l->logits(batch)) << precision::policy_name(p);
+    EXPECT_EQ(q->gradients(batch), l->gradients(batch)) << precision::policy_name(p);
+    const datasets::Batch micro[] = {batch};
+    q->step(micro);
+    l->step(micro);
+    EXPECT_EQ(q->trainable_params(), l->trainable_params()) << precision::policy_name(p);
+    EXPECT_EQ(q->params(), decoded) << "the base is frozen";
+  }
+  // Decoding error of NF4-DQ at these weights (block 64 > the rows' 32-48 values: one block per row).
+  const auto decoded = [&] {
+    auto dev = make_cpu_device();
+    TrainOptions o = test::train_options(Policy::fp32);
+    o.lora = lora(4);
+    o.base_format = nf4;
+    return model::make_trainer_cpu(c, o, *dev, w)->params();
+  }();
+  const auto L = model::param_layout(c);
+  for (const auto& t : L.tensors) {
+    const bool proj = t.shape.size() == 2 && t.offset != L.embed && t.offset != L.head;
+    for (int64_t i = 0; i < t.size; ++i)
+      if (!proj) ASSERT_EQ(decoded[t.offset + i], w[t.offset + i]) << t.name << " is not quantized";
+  }
+  TrainOptions bad = test::train_options(Policy::fp32);
+  bad.base_format = nf4;
+  EXPECT_NE(test::error_of([&] { model::validate(c, bad); }).find("needs LoRA adapters"), std::string::npos);
+}
+
+// The fine-tuning memory model (impls/lora/finetune_model.hpp) equals the step's tracked bytes per tag, to
+// the byte: full fine-tuning and LoRA, fp32 and bf16-mixed, with and without full checkpointing.
+TEST(LoraMemoryModel, EqualsTheTrackedBytesToTheByte) {
+  Config c = test::tiny_model();
+  c.layers = 3;
+  const auto w = test::test_weights(c, 3);
+  int checked = 0;
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed})
+    for (bool ckpt : {false, true})
+      for (auto [lo, q] : {std::pair{LoraOptions{}, false}, {lora(4, LoraTargets::qv), false},
+                           {lora(8, LoraTargets::all_linear), false}, {lora(8, LoraTargets::all_linear), true}}) {
+        TrainOptions o = test::train_options(p);
+        o.lora = lo;
+        if (q) o.base_format = lora::quantized_base("nf4-dq");
+        o.checkpoint = ckpt ? model::Checkpoint::full : model::Checkpoint::none;
+        auto dev = make_cpu_device();
+        auto t = model::make_trainer_cpu(c, o, *dev, w);
+        const datasets::Batch micro[] = {test::random_tokens(2, 16, 1)};
+        dev->memory().reset_peak();
+        t->step(micro);
+        lora::FinetuneSetup s;
+        s.cfg = c;
+        s.method = q ? lora::Method::qlora : lo.rank > 0 ? lora::Method::lora : lora::Method::full;
+        s.lora = lo;
+        s.batch = o.batch;
+        s.seq = o.seq;
+        s.weight_bytes = p == Policy::fp32 ? 4 : 2;
+        s.master = p != Policy::fp32;
+        s.checkpoint = ckpt;
+        const auto m = lora::finetune_memory(s);
+        const auto& pool = dev->memory();
+        const std::string what = std::string(precision::policy_name(p)) + (ckpt ? " checkpointed" : "") + (q ? " qlora" : "") +
+                                 " r=" + std::to_string(lo.rank);
+        EXPECT_EQ(static_cast<double>(pool.by_tag(Tag::weights).peak), m.weights) << what;
+        EXPECT_EQ(static_cast<double>(pool.by_tag(Tag::grads).peak), m.grads) << what;
+        EXPECT_EQ(static_cast<double>(pool.by_tag(Tag::master).peak), m.master) << what;
+        EXPECT_EQ(static_cast<double>(pool.by_tag(Tag::optimizer).peak), m.optimizer) << what;
+        EXPECT_EQ(static_cast<double>(pool.by_tag(Tag::activations).peak), m.activations) << what;
+        EXPECT_EQ(m.trainable, lo.rank > 0 ? model::adapter_layout(c, lo).total : model::param_layout(c).total);
+        ++checked;
+      }
+  EXPECT_EQ(checked, 16);
+  // QLoRA's base: memtrade's NF4-DQ layout, about 4.127 bits per projection weight at 4096 x 4096.
+  EXPECT_NEAR(8 * lora::nf4_dq_bytes(4096, 4096) / (4096.0 * 4096.0), 4.127, 0.001);
 }
 
 TEST(Lora, AdaptersRoundTripThroughPeftFiles) {

@@ -1,0 +1,1 @@
+set(deps memtrade_model)
