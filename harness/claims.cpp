@@ -13,6 +13,12 @@ std::string num(double v) {
 }
 }  // namespace
 
+std::string fmt(const char* f, double a, double b, double c) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
 std::string Band::str() const {
   if (lo && hi) return "[" + num(*lo) + ", " + num(*hi) + "]";
   if (lo) return ">= " + num(*lo);

@@ -36,6 +36,9 @@ std::string decide(double value, double uncertainty, const Band& band);
 // statement): reproduced when every part is; not_reproduced when any part is; otherwise inconclusive.
 std::string combine_verdicts(const std::vector<std::string>& verdicts);
 
+// printf-style text of up to three numbers, for a claim's `measured` and `note` lines.
+std::string fmt(const char* f, double a, double b = 0, double c = 0);
+
 // The ok record of implementation `impl` for the same case and backend as `like`, or null.
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl);
 

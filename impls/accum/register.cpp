@@ -23,12 +23,6 @@ namespace {
 
 using model::TrainBench;
 
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
-
 // accum-eq: "gradient accumulation is equivalent to a larger batch". Per case with both implementations:
 // accumulate's gradient against large-batch's, in unit roundoffs of the compute dtype (`band`: within
 // the rounding a reordered sum gives); where the micro-batches count different tokens (pad > 0), the

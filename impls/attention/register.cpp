@@ -99,12 +99,6 @@ const Record* find(const std::vector<Record>& recs, const std::string& impl, con
   return nullptr;
 }
 
-std::string fmt(const char* f, double a, double b = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b);
-  return buf;
-}
-
 bool matches(const Record& r, const Json& where) {
   for (const auto& [k, v] : where.items())
     if (!r.kase.params.contains(k) || r.kase.params[k] != v) return false;

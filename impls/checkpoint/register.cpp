@@ -26,12 +26,6 @@ namespace {
 using model::Checkpoint;
 using model::TrainBench;
 
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
-
 // Model state plus activations: what the step itself must hold (the CPU's fp32 staging of 16-bit GEMM
 // operands, tag workspace, is left out as in the precision claims: a GPU reads 16-bit operands directly).
 double state_and_activations(const Record& r) {

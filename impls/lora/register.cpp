@@ -33,12 +33,6 @@ using model::LoraOptions;
 using model::LoraTargets;
 using model::TrainBench;
 
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
-
 struct Variant {
   std::string name;
   Method method;

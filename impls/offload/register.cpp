@@ -38,12 +38,6 @@ namespace {
 
 using model::TrainBench;
 
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
-
 bool mixed(const Record& r) {
   const std::string p = r.kase.params.value("policy", std::string("fp32"));
   return p == "bf16-mixed" || p == "fp16-mixed" || p == "fp16-mixed-noscale";

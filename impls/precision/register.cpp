@@ -174,12 +174,6 @@ class TrainWorkload final : public Workload {
   int64_t next_ = 0;
 };
 
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
-
 // The ok record of a policy at the largest model (most parameters) the run has for it; among equal
 // models, the one whose step keeps the most activation bytes (the longest context), where the claims
 // about activations are claimed to hold.

@@ -203,12 +203,6 @@ class QuantWorkload final : public Workload {
   Buffer w_, x_, y_;
 };
 
-std::string fmt(const char* f, double a, double b = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b);
-  return buf;
-}
-
 // int4-7b: "INT4 takes a 7B model from 14 GB to about 4 GB", answered with the memory model: the bytes
 // of Llama-2-7B (the 224 projection matrices of 32 layers in the format; embedding, lm_head and norms
 // in fp16) from the exact layouts memtrade stores. The model is validated first against every measured

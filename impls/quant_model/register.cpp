@@ -269,12 +269,6 @@ class ModelQuantWorkload final : public Workload {
   std::vector<double> batch_loss_;
 };
 
-std::string fmt(const char* f, double a, double b = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b);
-  return buf;
-}
-
 std::string model_of(const Record& r) { return r.kase.params.value("model", std::string("trained")); }
 
 // The model the claims are answered on: the pretrained one when the run has it (a model with the
