@@ -121,6 +121,9 @@ struct StepStats {
   // time of the host's part of the optimizer step (non-finite check, AdamW, weight copies).
   int64_t bytes_to_host = 0, bytes_to_device = 0;
   double host_optimizer_s = 0;
+  // Quantized base (QLoRA): projections decoded and the wall time spent decoding them.
+  int64_t base_decodes = 0;
+  double base_decode_s = 0;
 };
 
 // Targets that count a loss (not kIgnoreTarget).

@@ -58,6 +58,10 @@ std::vector<Metric> train_bench_metrics(bool grads_bit_identical) {
        "fine-tuning: validation loss of the pretrained model on the held-out text, before fine-tuning"},
       {"diverged", "1", Better::lower, Gate::zero, 0, 0, "1 when the loss turned non-finite"},
       {"non_finite_steps_applied", "1", Better::lower, Gate::zero, 0, 0, "updates applied with a non-finite gradient"},
+      {"base_decodes", "1", Better::lower, Gate::exact, 0, 0,
+       "quantized base (QLoRA): projection matrices decoded in the timed step (forward, backward, recomputation)"},
+      {"base_decode_s", "s", Better::lower, Gate::report, 0, 0,
+       "quantized base: wall time of those decodes in the timed step (measured)"},
       {"offload_bytes_to_host", "bytes", Better::lower, Gate::exact, 0, 0, "gradients copied to the host per step"},
       {"offload_bytes_to_device", "bytes", Better::lower, Gate::exact, 0, 0, "updated weights copied to the device per step"},
       {"offload_host_optimizer_s", "s", Better::lower, Gate::report, 0, 0,
@@ -320,6 +324,10 @@ void TrainBenchWorkload::run() {
   const StepStats st = trainer_->step(step_batches(next_++));
   recomputed_ = st.recomputed_layers;
   counters_["tokens_per_step"] = static_cast<double>(st.tokens);
+  if (o_.base_format) {
+    counters_["base_decodes"] = static_cast<double>(st.base_decodes);
+    counters_["base_decode_s"] = st.base_decode_s;
+  }
   if (o_.offload) {
     const double moved = static_cast<double>(st.bytes_to_host + st.bytes_to_device);
     counters_["offload_bytes_to_host"] = static_cast<double>(st.bytes_to_host);

@@ -60,7 +60,9 @@ class TrainerCore : public Trainer {
                  std::to_string(o_.accum_steps));
     StepStats s;
     s.loss_scale = scaler_.scale();
+    decode_stats_ = &s;
     accumulate(micro, s);
+    decode_stats_ = nullptr;
     be().read_counters(s);
     s.applied = optimizer_step(s);
     dev_.synchronize();
@@ -284,6 +286,7 @@ class TrainerCore : public Trainer {
   S* decoded(const QProj& q) const {
     S* out = decoded_.template as<S>();
     if (decoded_off_ == q.offset) return out;
+    const auto t0 = std::chrono::steady_clock::now();
     const int64_t n = q.rows * q.cols;
     Buffer blob(dev_.host(), q.blob.bytes(), Tag::workspace), wide(dev_.host(), n * sizeof(float), Tag::workspace),
         narrow(dev_.host(), n * sizeof(S), Tag::workspace);
@@ -294,7 +297,12 @@ class TrainerCore : public Trainer {
 #pragma omp parallel for
     for (int64_t i = 0; i < n; ++i) s[i] = store<S>(static_cast<C>(w[i]));
     dev_.copy(out, s, n * sizeof(S), CopyKind::host_to_device);
+    dev_.synchronize();
     decoded_off_ = q.offset;
+    if (decode_stats_) {
+      ++decode_stats_->base_decodes;
+      decode_stats_->base_decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     return out;
   }
   // A parameter's gradient: in the gradient buffer, or (offload) in the device's staged segment.
@@ -784,6 +792,7 @@ class TrainerCore : public Trainer {
   std::vector<Packed> rest_;
   Buffer decoded_;
   mutable int64_t decoded_off_ = -1;
+  StepStats* decode_stats_ = nullptr;  // the step being taken, for the decode counters
   int64_t stage_id_ = -1, stage_lo_ = 0, stage_hi_ = 0;
   std::vector<bool> flushed_;
 };

@@ -929,6 +929,7 @@ def cases_table(series, varying):
 DOMAIN_COUNTERS = [
     ("tokens_per_s", "tokens/s", ".4g"), ("val_loss", "val loss", ".5g"),
     ("val_loss_pretrained", "val loss before fine-tuning", ".5g"), ("trainable_params", "trainable params", "g"),
+    ("base_decode_s", "base decode s/step", ".3g"),
     ("val_loss_rel_delta_vs_fp32", "val loss vs fp32", "+.3%"), ("perplexity", "perplexity", ".5g"),
     ("perplexity_rel_delta", "perplexity vs fp32", "+.3%"),
     ("model_state_bytes_per_param", "state B/param", ".3g"), ("skipped_steps", "skipped steps", "g"),
