@@ -258,7 +258,6 @@ class TrainerCore : public Trainer {
   void store_quantized_base(std::span<const float> init) {
     auto& pool = dev_.memory();
     int64_t packed = 0, largest = 0;
-    std::vector<int64_t> is_proj(L_.total, 0);
     for (int64_t l = 0; l < c_.layers; ++l)
       for (int p = 0; p < kProjCount; ++p) {
         const auto [rows, cols] = proj_shape(c_, static_cast<Proj>(p));
