@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "datasets/random.hpp"
 #include "model/layers.hpp"
 
 namespace memtrade::model {
