@@ -26,9 +26,11 @@
 
 #include "datasets/random.hpp"
 #include "impls/quant/formats.hpp"
+#include "simd_targets.hpp"
 
 using namespace memtrade;
 using namespace memtrade::quant;
+using memtrade::test::for_each_simd_target;
 
 namespace {
 
@@ -64,24 +66,12 @@ struct Shape {
 };
 const Shape shapes[] = {{1, 1}, {1, 7}, {5, 33}, {17, 100}, {64, 257}, {3, 4101}, {128, 128}, {2, 31}, {40, 1000}};
 
-// Runs fn once per SIMD target this binary holds and this CPU runs (AVX-512, AVX2, SSE4, scalar, ...), with
-// dispatch restricted to it: every path is tested on every machine, not only the best one.
-template <class Fn>
-void for_each_target(Fn fn) {
-  for (int64_t t : simd::available_targets()) {
-    simd::restrict_to(t);
-    SCOPED_TRACE("SIMD target " + simd::name_of(t));
-    fn(t);
-  }
-  simd::restrict_to(0);
-}
-
 }  // namespace
 
 TEST(QuantKernels, EveryTargetIsReachable) {
   const auto all = simd::available_targets();
   ASSERT_FALSE(all.empty());
-  for_each_target([&](int64_t t) {
+  for_each_simd_target([&](int64_t t) {
     EXPECT_EQ(simd::target_name(), simd::name_of(t));
     // Below the best target the hand-written AVX-512 kernel stands aside: the portable path runs.
     const QLayout L = layout(parse_spec("int4-g128"), 4, 256);
@@ -91,7 +81,7 @@ TEST(QuantKernels, EveryTargetIsReachable) {
 }
 
 TEST(QuantKernels, MatvecCpuMatchesReference) {
-  for_each_target([](int64_t) {
+  for_each_simd_target([](int64_t) {
     uint64_t seed = 1;
     for (const char* name : kernel_specs) {
       for (const Shape sh : shapes) {
@@ -120,7 +110,7 @@ TEST(QuantKernels, MatvecCpuMatchesReference) {
 }
 
 TEST(QuantKernels, MatmulCpuMatchesReference) {
-  for_each_target([](int64_t) {
+  for_each_simd_target([](int64_t) {
     uint64_t seed = 100;
     const Shape mm_shapes[] = {{1, 1}, {5, 33}, {17, 100}, {64, 257}, {2, 31}, {300, 4101}};  // 300 x 4101: two panels
     for (const char* name : kernel_specs) {
@@ -158,7 +148,7 @@ TEST(QuantKernels, MatmulCpuMatchesReference) {
 }
 
 TEST(QuantKernels, PanelDequantizationIsBitExact) {
-  for_each_target([](int64_t) {
+  for_each_simd_target([](int64_t) {
     // matmul_cpu with X = identity rows picks single weights: Y[m, r] = w[r, m] exactly (one nonzero term).
     for (const char* name : kernel_specs) {
       const int64_t N = 20, K = 45;
@@ -181,7 +171,7 @@ TEST(QuantKernels, PanelDequantizationIsBitExact) {
 }
 
 TEST(QuantKernels, DenseBaselines) {
-  for_each_target([](int64_t) {
+  for_each_simd_target([](int64_t) {
     for (const Shape sh : shapes) {
       const std::vector<float> W = normal_vec(sh.N * sh.K, 55);
       const std::vector<float> x = normal_vec(sh.K, 56);

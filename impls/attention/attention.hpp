@@ -16,20 +16,10 @@
 
 #include "harness/registry.hpp"
 #include "harness/tensor.hpp"
+#include "impls/attention/dims.hpp"
 
 namespace memtrade::attention {
 
-struct Dims {
-  int64_t b, h, h_kv, n, n_kv, d;
-  bool causal;
-  DType dtype;
-  bool backward;  // pass == fwd_bwd
-  float scale() const;
-  int64_t q_elems() const { return b * h * n * d; }
-  int64_t kv_elems() const { return b * h_kv * n_kv * d; }
-  int64_t rows() const { return b * h * n; }  // query rows
-  int64_t group() const { return h / h_kv; }
-};
 // Reads and validates a case: every size >= 1, h_kv divides h, d <= 256, dtype fp32/bf16/fp16.
 Dims case_dims(const Case& c);
 
@@ -79,22 +69,9 @@ struct MemoryModel {
 MemoryModel naive_memory(const Dims& s, Backend b);
 MemoryModel flash_memory(const Dims& s, Backend b);
 
-// CPU flash tiling. Each worker thread uses one workspace slot; the slot count is min(16, work items),
-// so tracked figures do not depend on the machine's core count (and at most 16 threads run).
-inline constexpr int kCpuBlockQ = 64, kCpuBlockK = 64, kCpuSlots = 16;
-std::size_t cpu_flash_slot_bytes(int64_t d);
 int64_t cpu_flash_slots(const Dims& s);
-
-// The CPU flash kernels over caller-owned buffers in the layout above (dtype s.dtype), for callers
-// that own their tensors (the model's training step). ws: cpu_flash_slots(s) slots of
-// cpu_flash_slot_bytes(s.d) bytes. lse [B*H*N] fp32 is written by the forward when not null and read by
-// the backward; delta [B*H*N] fp32 is backward scratch. Unused gradient pointers may be null in forward.
-struct FlashCpuBuffers {
-  const void *q, *k, *v;
-  void* o;
-  const void* dout;
-  void *dq, *dk, *dv;
-};
+// The CPU flash kernels over caller-owned buffers (see dims.hpp), for callers that own their tensors (the
+// model's training step). ws: cpu_flash_slots(s) slots of cpu_flash_slot_bytes(s.d) bytes.
 void flash_forward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
 void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
                         float* delta);

@@ -229,11 +229,6 @@ MemoryModel naive_memory(const Dims& s, Backend backend) {
   return m;
 }
 
-std::size_t cpu_flash_slot_bytes(int64_t d) {
-  const int64_t br = kCpuBlockQ, bc = kCpuBlockK;
-  return static_cast<std::size_t>(3 * br * d + 6 * bc * d + 2 * br * bc + 4 * br) * sizeof(float);
-}
-
 int64_t cpu_flash_slots(const Dims& s) {
   const int64_t q_items = s.b * s.h * ((s.n + kCpuBlockQ - 1) / kCpuBlockQ);
   const int64_t k_items = s.b * s.h_kv * ((s.n_kv + kCpuBlockK - 1) / kCpuBlockK);

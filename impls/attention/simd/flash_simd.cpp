@@ -1,0 +1,375 @@
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+// Sizeless vector types (SVE, RVV) cannot be held in arrays, which the register blocks below are: those
+// targets are left out, and such machines run the fixed-width target (NEON).
+#if (defined(__aarch64__) || defined(__riscv)) && !defined(HWY_DISABLED_TARGETS)
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "impls/attention/simd/flash_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "impls/attention/simd/flash_simd.hpp"
+#include "impls/attention/tile_math.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::attention::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+
+constexpr int BR = kCpuBlockQ, BC = kCpuBlockK;
+static_assert(BR == BC, "the backward pass keeps transposed query tiles in the key tiles' buffers");
+
+// Register blocking of the tile products: kR rows of C times kCV vectors of columns. The accumulators,
+// the kCV loaded vectors of B and one broadcast must fit the register file: 24 + 4 + 1 of AVX-512's 32
+// registers, 12 + 2 + 1 of the 16 of AVX2 and SSE4 (BLIS's 6 x 16 Haswell kernel); more accumulators
+// than the FMA latency times the FMA ports keep both ports busy.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kCV = 4;
+#else
+constexpr int kCV = 2;
+#endif
+constexpr int kR = 6;
+
+// What C holds before the product is added: nothing, itself, or itself times a factor per row.
+enum class Init { zero, keep, scale };
+
+// C[R x CV vectors] = init + A B over k: A(r, p) = a[r * ars + p * aks] (broadcast), B row p = b + p * ldb.
+template <int R, int CV>
+HWY_INLINE void Block(int k, const float* HWY_RESTRICT a, int64_t ars, int64_t aks, const float* HWY_RESTRICT b,
+                      int64_t ldb, float* HWY_RESTRICT c, int64_t ldc, Init init, const float* row_scale) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[R][CV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < CV; ++v) {
+      if (init == Init::zero) {
+        acc[r][v] = hn::Zero(df);
+      } else {
+        const VF x = hn::LoadU(df, c + r * ldc + v * N);
+        acc[r][v] = init == Init::scale ? hn::Mul(x, hn::Set(df, row_scale[r])) : x;
+      }
+    }
+  for (int p = 0; p < k; ++p) {
+    VF bv[CV];
+    for (int v = 0; v < CV; ++v) bv[v] = hn::LoadU(df, b + p * ldb + v * N);
+    for (int r = 0; r < R; ++r) {
+      const VF av = hn::Set(df, a[r * ars + p * aks]);
+      for (int v = 0; v < CV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < CV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * N);
+}
+
+// The last rows < R of a column block, in one block of their count.
+template <int R, int CV>
+HWY_INLINE void RemainderBlock(int rows, int k, const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
+                               float* c, int64_t ldc, Init init, const float* row_scale) {
+  if constexpr (R > 0) {
+    if (rows == R) return Block<R, CV>(k, a, ars, aks, b, ldb, c, ldc, init, row_scale);
+    RemainderBlock<R - 1, CV>(rows, k, a, ars, aks, b, ldb, c, ldc, init, row_scale);
+  }
+}
+
+// Rows [0, m) of one column block: blocks of kR rows, then the remainder in one smaller block.
+template <int CV>
+HWY_INLINE void BlockColumn(int m, int k, const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
+                            float* c, int64_t ldc, Init init, const float* row_scale) {
+  int r = 0;
+  const auto at = [&](int r0) { return row_scale ? row_scale + r0 : nullptr; };
+  for (; r + kR <= m; r += kR) Block<kR, CV>(k, a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, init, at(r));
+  RemainderBlock<kR - 1, CV>(m - r, k, a + r * ars, ars, aks, b, ldb, c + r * ldc, ldc, init, at(r));
+}
+
+// C[m x n] (row stride ldc) = init + A[m x k] B[k x n], A and B addressed as in Block. Columns in blocks
+// of kCV vectors, then single vectors, then one by one.
+void Gemm(int m, int n, int k, const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
+          int64_t ldc, Init init, const float* row_scale = nullptr) {
+  const int N = static_cast<int>(hn::Lanes(DF()));
+  int col = 0;
+  for (; col + kCV * N <= n; col += kCV * N) BlockColumn<kCV>(m, k, a, ars, aks, b + col, ldb, c + col, ldc, init, row_scale);
+  for (; col + N <= n; col += N) BlockColumn<1>(m, k, a, ars, aks, b + col, ldb, c + col, ldc, init, row_scale);
+  for (; col < n; ++col)
+    for (int r = 0; r < m; ++r) {
+      float acc = init == Init::zero ? 0.f : c[r * ldc + col] * (init == Init::scale ? row_scale[r] : 1.f);
+      for (int p = 0; p < k; ++p) acc += a[r * ars + p * aks] * b[p * ldb + col];
+      c[r * ldc + col] = acc;
+    }
+}
+
+// tile_math.hpp's exp_approx, lane for lane: 0 below -87.3 (and for -inf), NaN stays NaN.
+HWY_INLINE VF Exp(DF df, VF x) {
+  const DI di;
+  const VF lo = hn::Set(df, -87.3f);
+  const auto under = hn::Lt(x, lo);
+  const VF xc = hn::IfThenElse(under, lo, x);
+  const VF k = hn::Floor(hn::MulAdd(xc, hn::Set(df, 1.44269504088896341f), hn::Set(df, 0.5f)));
+  const VF r = hn::NegMulAdd(k, hn::Set(df, 1.42860682030941723e-6f), hn::NegMulAdd(k, hn::Set(df, 0.693145751953125f), xc));
+  VF p = hn::Set(df, 1.f / 5040.f);
+  for (const float coef : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = hn::MulAdd(p, r, hn::Set(df, coef));
+  const VF scale = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(under, hn::Mul(p, scale));
+}
+
+// One key tile of the online softmax in the transposed layout sT[key][query] (queries across the vector):
+// scores -> probabilities under the new running max; m and l updated; c = the factor that rescales what
+// each query row accumulated (tile_math.hpp's recurrence; a row whose keys so far are all masked adds
+// nothing and rescales by 1).
+HWY_INLINE void SoftmaxTileT(float* HWY_RESTRICT sT, int cols, float* m, float* l, float* c) {
+  const DF df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  const VF ninf = hn::Set(df, -INFINITY);
+  for (int i = 0; i < BR; i += N) {
+    const VF m_old = hn::LoadU(df, m + i);
+    VF mx = m_old;
+    for (int j = 0; j < cols; ++j) mx = hn::Max(mx, hn::LoadU(df, sT + j * BR + i));
+    const auto dead = hn::Eq(mx, ninf);
+    const VF cv = hn::IfThenElse(dead, hn::Set(df, 1.f), Exp(df, hn::Sub(m_old, mx)));
+    VF sum = hn::Zero(df);
+    for (int j = 0; j < cols; ++j) {
+      const VF p = hn::IfThenZeroElse(dead, Exp(df, hn::Sub(hn::LoadU(df, sT + j * BR + i), mx)));
+      hn::StoreU(p, df, sT + j * BR + i);
+      sum = hn::Add(sum, p);
+    }
+    hn::StoreU(hn::MulAdd(cv, hn::LoadU(df, l + i), sum), df, l + i);
+    hn::StoreU(mx, df, m + i);
+    hn::StoreU(cv, df, c + i);
+  }
+}
+
+// P = exp(S - lse) and dS = P (dP - delta) over `len` consecutive scores of one row (lse, delta scalars).
+HWY_INLINE void ProbsAndGrads(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, int len, VF lse, VF delta) {
+  const DF df;
+  const int N = static_cast<int>(hn::Lanes(df));
+  for (int j = 0; j < len; j += N) {
+    const VF p = Exp(df, hn::Sub(hn::LoadU(df, s + j), lse));
+    hn::StoreU(p, df, s + j);
+    hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, dp + j), delta)), df, dp + j);
+  }
+}
+
+template <class T>
+HWY_INLINE void LoadRows(const T* src, int rows, int64_t d, float mult, float* dst) {
+  for (int64_t i = 0; i < rows * d; ++i) dst[i] = to_f32(src[i]) * mult;
+}
+// A tile of `rows` rows of length d into [d x 64] (transposed), times mult, zero past `rows`.
+template <class T>
+HWY_INLINE void LoadTransposed(const T* src, int rows, int64_t d, float mult, float* dst) {
+  for (int64_t p = 0; p < d; ++p)
+    for (int j = 0; j < BC; ++j) dst[p * BC + j] = j < rows ? to_f32(src[j * d + p]) * mult : 0.f;
+}
+
+// A slot's buffers, carved from one tracked allocation (cpu_flash_slot_bytes(d) bytes).
+struct Slot {
+  float *q, *dout, *acc;             // BR x d each
+  float *kT, *vT, *k, *v, *dk, *dv;  // BC x d each
+  float *s, *dp;                     // BR x BC each
+  float *m, *l, *lse, *delta;        // BR each
+  Slot(float* base, int64_t d) {
+    float* x = base;
+    for (float** f : {&q, &dout, &acc}) { *f = x; x += BR * d; }
+    for (float** f : {&kT, &vT, &k, &v, &dk, &dv}) { *f = x; x += BC * d; }
+    for (float** f : {&s, &dp}) { *f = x; x += BR * BC; }
+    for (float** f : {&m, &l, &lse, &delta}) { *f = x; x += BR; }
+  }
+};
+
+template <class T>
+class Kernel {
+ public:
+  Kernel(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots)
+      : s_(s), scale_(scale), b_(b), ws_(ws), slot_floats_(static_cast<int64_t>(cpu_flash_slot_bytes(s.d) / sizeof(float))),
+        threads_(static_cast<int>(std::min<int64_t>(slots, omp_get_max_threads()))) {}
+
+  void forward(float* lse) {
+    const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, tiles = (n + BR - 1) / BR;
+    T* og = out(b_.o);
+#pragma omp parallel for schedule(dynamic) num_threads(threads_)
+    for (int64_t item = 0; item < s_.b * s_.h * tiles; ++item) {
+      Slot w = slot();
+      const int64_t bh = item / tiles, i0 = (item % tiles) * BR, bkv = kv_head(bh);
+      const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
+      float* qT = w.kT;  // the scaled query tile, transposed: [d x BR]
+      LoadTransposed(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, qT);
+      std::fill_n(w.acc, rows * d, 0.f);
+      std::fill_n(w.m, BR, -INFINITY);
+      std::fill_n(w.l, BR, 0.f);
+      for (int64_t j0 = 0; j0 < key_end(i0 + rows); j0 += BC) {
+        const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
+        const float* kt = rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k);
+        const float* vt = rows_f32(in(b_.v) + (bkv * nk + j0) * d, cols, w.v);
+        Gemm(cols, BR, static_cast<int>(d), kt, d, 1, qT, BR, w.s, BR, Init::zero);  // S^T = K (scale Q)^T
+        if (crosses_diagonal(i0, j0, cols))
+          for (int j = 0; j < cols; ++j)
+            for (int i = 0; i < BR; ++i)
+              if (!causal_allows(i0 + i, j0 + j, n, nk)) w.s[j * BR + i] = -INFINITY;
+        float* c = w.lse;  // the rescale factors of this tile
+        SoftmaxTileT(w.s, cols, w.m, w.l, c);
+        Gemm(rows, static_cast<int>(d), cols, w.s, 1, BR, vt, d, w.acc, d, Init::scale, c);  // O = c O + P V
+      }
+      for (int i = 0; i < rows; ++i) {
+        const float inv = inverse_row_sum(w.l[i]);
+        for (int64_t x = 0; x < d; ++x) og[(bh * n + i0 + i) * d + x] = from_f32<T>(w.acc[i * d + x] * inv);
+        if (lse) lse[bh * n + i0 + i] = row_lse(w.m[i], w.l[i]);
+      }
+    }
+  }
+
+  void backward(const float* lse, float* delta) {
+    const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, qtiles = (n + BR - 1) / BR, ktiles = (nk + BC - 1) / BC;
+    const int di = static_cast<int>(d);
+    const T *og = in(b_.o), *dog = in(b_.dout);
+#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t r = 0; r < s_.rows(); ++r) {  // delta_i = dO_i . O_i
+      float acc = 0.f;
+      for (int64_t x = 0; x < d; ++x) acc += to_f32(dog[r * d + x]) * to_f32(og[r * d + x]);
+      delta[r] = acc;
+    }
+    // Pass 1: each key tile accumulates dK and dV over its group's query heads and every query tile, in
+    // the row layout S[query][key] (its K^T and V^T loaded once).
+#pragma omp parallel for schedule(dynamic) num_threads(threads_)
+    for (int64_t item = 0; item < s_.b * s_.h_kv * ktiles; ++item) {
+      Slot w = slot();
+      const int64_t bkv = item / ktiles, j0 = (item % ktiles) * BC, b = bkv / s_.h_kv;
+      const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
+      LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT);
+      LoadTransposed(in(b_.v) + (bkv * nk + j0) * d, cols, d, 1.f, w.vT);
+      std::fill_n(w.dk, cols * d, 0.f);
+      std::fill_n(w.dv, cols * d, 0.f);
+      for (int64_t g = 0; g < s_.group(); ++g) {
+        const int64_t bh = b * s_.h + (bkv % s_.h_kv) * s_.group() + g;
+        for (int64_t i0 = query_begin(j0) / BR * BR; i0 < n; i0 += BR) {
+          const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
+          LoadRows(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, w.q);
+          LoadRows(dog + (bh * n + i0) * d, rows, d, 1.f, w.dout);
+          Gemm(rows, BC, di, w.q, d, 1, w.kT, BC, w.s, BC, Init::zero);      // S = (scale Q) K^T
+          Gemm(rows, BC, di, w.dout, d, 1, w.vT, BC, w.dp, BC, Init::zero);  // dP = dO V^T
+          if (cols < BC || crosses_diagonal(i0, j0, cols))
+            for (int i = 0; i < rows; ++i)
+              for (int j = 0; j < BC; ++j)
+                if (j >= cols || (s_.causal && !causal_allows(i0 + i, j0 + j, n, nk))) w.s[i * BC + j] = -INFINITY;
+          for (int i = 0; i < rows; ++i)
+            ProbsAndGrads(w.s + i * BC, w.dp + i * BC, BC, hn::Set(DF(), lse[bh * n + i0 + i]),
+                          hn::Set(DF(), delta[bh * n + i0 + i]));
+          Gemm(cols, di, rows, w.s, 1, BC, w.dout, d, w.dv, d, Init::keep);  // dV += P^T dO
+          Gemm(cols, di, rows, w.dp, 1, BC, w.q, d, w.dk, d, Init::keep);    // dK += dS^T (scale Q)
+        }
+      }
+      for (int64_t x = 0; x < cols * d; ++x) {
+        out(b_.dk)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dk[x]);
+        out(b_.dv)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dv[x]);
+      }
+    }
+    // Pass 2: each query tile accumulates dQ over the key tiles it sees, in the transposed layout
+    // S^T[key][query] (its Q^T and dO^T loaded once; K and V read as rows).
+#pragma omp parallel for schedule(dynamic) num_threads(threads_)
+    for (int64_t item = 0; item < s_.b * s_.h * qtiles; ++item) {
+      Slot w = slot();
+      const int64_t bh = item / qtiles, i0 = (item % qtiles) * BR, bkv = kv_head(bh);
+      const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
+      float *qT = w.kT, *doT = w.vT;
+      LoadTransposed(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, qT);
+      LoadTransposed(dog + (bh * n + i0) * d, rows, d, 1.f, doT);
+      for (int i = 0; i < BR; ++i) {  // rows past the tile: p = 0 and dS = 0
+        w.lse[i] = i < rows ? lse[bh * n + i0 + i] : INFINITY;
+        w.delta[i] = i < rows ? delta[bh * n + i0 + i] : 0.f;
+      }
+      std::fill_n(w.acc, rows * d, 0.f);
+      for (int64_t j0 = 0; j0 < key_end(i0 + rows); j0 += BC) {
+        const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
+        const float* kt = rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k);
+        const float* vt = rows_f32(in(b_.v) + (bkv * nk + j0) * d, cols, w.v);
+        Gemm(cols, BR, di, kt, d, 1, qT, BR, w.s, BR, Init::zero);    // S^T = K (scale Q)^T
+        Gemm(cols, BR, di, vt, d, 1, doT, BR, w.dp, BR, Init::zero);  // dP^T = V dO^T
+        if (crosses_diagonal(i0, j0, cols))
+          for (int j = 0; j < cols; ++j)
+            for (int i = 0; i < BR; ++i)
+              if (!causal_allows(i0 + i, j0 + j, n, nk)) w.s[j * BR + i] = -INFINITY;
+        const DF df;
+        const int N = static_cast<int>(hn::Lanes(df));
+        for (int j = 0; j < cols; ++j)
+          for (int i = 0; i < BR; i += N) {
+            const VF p = Exp(df, hn::Sub(hn::LoadU(df, w.s + j * BR + i), hn::LoadU(df, w.lse + i)));
+            hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, w.dp + j * BR + i), hn::LoadU(df, w.delta + i))), df, w.dp + j * BR + i);
+          }
+        Gemm(rows, di, cols, w.dp, 1, BR, kt, d, w.acc, d, Init::keep);  // dQ += dS K (scaled at the end)
+      }
+      for (int64_t x = 0; x < rows * d; ++x) out(b_.dq)[(bh * n + i0) * d + x] = from_f32<T>(w.acc[x] * scale_);
+    }
+  }
+
+ private:
+  static const T* in(const void* p) { return static_cast<const T*>(p); }
+  static T* out(void* p) { return static_cast<T*>(p); }
+  Slot slot() const { return Slot(ws_ + omp_get_thread_num() * slot_floats_, s_.d); }
+  int64_t kv_head(int64_t bh) const { return bh / s_.h * s_.h_kv + (bh % s_.h) / s_.group(); }
+  // Key tiles [0, key_end) hold a key that query rows [.., i1) may see; query tiles from query_begin see key j0.
+  int64_t key_end(int64_t i1) const { return s_.causal ? std::clamp<int64_t>(i1 + s_.n_kv - s_.n, 0, s_.n_kv) : s_.n_kv; }
+  int64_t query_begin(int64_t j0) const { return s_.causal ? std::clamp<int64_t>(j0 - (s_.n_kv - s_.n), 0, s_.n) : 0; }
+  // The key tile [j0, j0 + cols) has a key that query row i0 (the tile's first) may not see.
+  bool crosses_diagonal(int64_t i0, int64_t j0, int cols) const { return s_.causal && j0 + cols - 1 > i0 + (s_.n_kv - s_.n); }
+  // fp32 rows are read in place; 16-bit ones converted into `buf`.
+  const float* rows_f32(const T* src, int rows, float* buf) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return src;
+    } else {
+      LoadRows(src, rows, s_.d, 1.f, buf);
+      return buf;
+    }
+  }
+
+  const Dims s_;
+  const float scale_;
+  const FlashCpuBuffers b_;
+  float* const ws_;
+  const int64_t slot_floats_;
+  const int threads_;
+};
+
+template <class F>
+void ByDtype(DType t, F&& f) {
+  if (t == DType::f32) f(float{});
+  else if (t == DType::bf16) f(bf16_t{});
+  else if (t == DType::f16) f(f16_t{});
+  else throw Error(std::string("flash attention: unsupported dtype ") + dtype_name(t));
+}
+
+void Forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse) {
+  ByDtype(s.dtype, [&](auto tag) { Kernel<decltype(tag)>(s, scale, b, ws, slots).forward(lse); });
+}
+
+void Backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
+              float* delta) {
+  ByDtype(s.dtype, [&](auto tag) { Kernel<decltype(tag)>(s, scale, b, ws, slots).backward(lse, delta); });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::attention::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace memtrade::attention::simd {
+
+HWY_EXPORT(Forward);
+HWY_EXPORT(Backward);
+
+void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse) {
+  HWY_DYNAMIC_DISPATCH(Forward)(s, scale, b, ws, slots, lse);
+}
+void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
+                    const float* lse, float* delta) {
+  HWY_DYNAMIC_DISPATCH(Backward)(s, scale, b, ws, slots, lse, delta);
+}
+
+}  // namespace memtrade::attention::simd
+#endif

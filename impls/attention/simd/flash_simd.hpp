@@ -1,0 +1,22 @@
+// The CPU flash attention kernels in portable SIMD (Google Highway), compiled for every target and
+// dispatched at run time to the best one this CPU supports (AVX-512, AVX2+FMA, SSE4, ... or scalar;
+// common/simd/targets.hpp restricts it). Semantics, layout and workspace as attention.hpp's
+// flash_forward_cpu / flash_backward_cpu, which call these; `scale` is s.scale().
+//
+// Every tile product is one register-blocked kernel, C = init + A B with A read by broadcast and B by
+// vector loads (R rows x CV vectors of accumulators, sized for the target's register file); the online
+// softmax, the recomputed probabilities and the score gradients are vectorized with a polynomial exp
+// (tile_math.hpp's exp_approx, lane for lane).
+#pragma once
+
+#include <cstdint>
+
+#include "impls/attention/dims.hpp"
+
+namespace memtrade::attention::simd {
+
+void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
+void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
+                    const float* lse, float* delta);
+
+}  // namespace memtrade::attention::simd
