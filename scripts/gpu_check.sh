@@ -59,8 +59,15 @@ if [ -f suites/baselines/cuda/quick.json ]; then
 else
   log "no CUDA baseline committed: copy results.json to suites/baselines/cuda/quick.json after review"
 fi
+# PyTorch on the same cases, where the machine has it (scripts/install_peers.sh): plotted beside memtrade.
+peers=""
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  timeout 180 python3 scripts/peers.py --memtrade $bin --suite attention,gemm,quant --profile quick --backend cuda \
+    --out "$OUT/peers.json" --against "$OUT/results.json" > "$OUT/peers.log" 2>&1 && peers="$OUT/peers.json"
+  log "peers (PyTorch, cuda): ${peers:-failed (see peers.log)}"
+fi
 if python3 -c "import matplotlib" 2>/dev/null; then
-  $bin report "$OUT/results.json" -o "$OUT/report.html" > "$OUT/report.log" 2>&1 && log "report: $OUT/report.html"
+  $bin report "$OUT/results.json" $peers -o "$OUT/report.html" > "$OUT/report.log" 2>&1 && log "report: $OUT/report.html"
 fi
 
 echo

@@ -1044,6 +1044,7 @@ def technique_section(tech, path, results, cases):
         out.append("<p class='warn'>No ok cases for this technique; nothing to plot.</p>")
     out.append('<div class="plots wide">' + "\n".join(wide) + "</div>" if wide else "")
     out.append('<div class="plots">' + "\n".join(f for f in figs if f) + "</div>")
+    out.append(peers_table(cases))
     varying = varying_params(cases)
     noisy = [c for c in cases if c.ok and c.timing_noise]
     if noisy:
@@ -1164,7 +1165,46 @@ def trends_section(tech_files, all_results, all_cases, max_series=8):
 
 # ---------------------------------------------------------------- main
 
+def is_peer_file(results):
+    """A results file of other libraries on memtrade's cases (scripts/peers.py)."""
+    return bool((results["context"].get("memtrade") or {}).get("peers"))
+
+
+def peers_table(cases):
+    """memtrade's median time per case beside the fastest peer's (a ratio below 1: memtrade is faster)."""
+    by_case = {}
+    for c in cases:
+        if c.ok and c.median_time:
+            by_case.setdefault((c.suite, c.case_id, c.backend), []).append(c)
+    rows = []
+    for (_, case_id, backend), cs in by_case.items():
+        peers = [c for c in cs if c.role == "peer"]
+        if not peers:
+            continue
+        best = min(peers, key=lambda c: c.median_time)
+        for c in cs:
+            if c.role != "peer":
+                r = c.median_time / best.median_time
+                rows.append((r, [esc(case_id), esc(backend), esc(c.impl), fmt_seconds(c.median_time), esc(best.impl),
+                                 fmt_seconds(best.median_time), f"{r:.2f}"]))
+    if not rows:
+        return ""
+    faster = sum(1 for r, _ in rows if r < 1)
+    return (f"<details open><summary>Against peers: {faster} of {len(rows)} implementation-cases faster than the "
+            "fastest peer</summary><p class='note'>Median time per call, memtrade's implementation over the "
+            "fastest peer on the same case (below 1: memtrade is faster). Peers come from scripts/peers.py on the "
+            "same machine; compare ratios only within one machine.</p>"
+            + table(["case", "backend", "implementation", "median time", "fastest peer", "peer time", "ratio"],
+                    [cells for _, cells in rows]) + "</details>")
+
+
 def build_report(paths, all_results, compare=None, compare_path=None, baseline=None, baseline_path=None):
+    # Peer files (other libraries on the same cases) join the technique sections of the other files.
+    peer_cases = []
+    if any(not is_peer_file(r) for r in all_results):
+        peer_cases = [c for r in all_results if is_peer_file(r) for c in collect_cases(r)]
+        keep = [i for i, r in enumerate(all_results) if not is_peer_file(r)]
+        paths, all_results = [paths[i] for i in keep], [all_results[i] for i in keep]
     all_cases = [collect_cases(r) for r in all_results]
     tech_files = {}  # technique -> indices of files containing it (given order)
     for i, cases in enumerate(all_cases):
@@ -1191,8 +1231,10 @@ def build_report(paths, all_results, compare=None, compare_path=None, baseline=N
     if not tech_files:
         body.append("<p class='warn'>The results contain no benchmark entries.</p>")
     for tech, i in cur_idx.items():
-        body.append(technique_section(tech, paths[i], all_results[i],
-                                      [c for c in all_cases[i] if c.technique == tech]))
+        cases = [c for c in all_cases[i] if c.technique == tech]
+        backends = {c.backend for c in cases}
+        cases += [c for c in peer_cases if c.technique == tech and c.backend in backends]
+        body.append(technique_section(tech, paths[i], all_results[i], cases))
     if len(paths) > 1:
         body.append(trends_section(tech_files, all_results, all_cases))
     return render_page("memtrade report", "\n".join(body))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -685,6 +686,67 @@ def check_report() -> str | None:
             f"--version")
 
 
+# A stand-in for the few PyTorch calls scripts/peers.py makes on the gemm suite, in plain Python: the
+# test checks the peers file's format and how compare and report take it, not PyTorch.
+FAKE_TORCH = """
+__version__ = "0.0-fake"
+float32 = bfloat16 = float16 = "float"
+class backends:
+    class cpu:
+        get_cpu_capability = staticmethod(lambda: "none")
+class cuda:
+    is_available = staticmethod(lambda: False)
+def set_num_threads(n):
+    pass
+class Generator:
+    def __init__(self, device="cpu"):
+        self.x = 1
+    def manual_seed(self, seed):
+        self.x = seed
+        return self
+class Tensor:
+    def __init__(self, rows):
+        self.rows = rows
+    def to(self, device=None, dtype=None):
+        return self
+def randn(n, m, generator):
+    generator.x += 1
+    return Tensor([[((generator.x * 7919 + i * 104729 + j * 1299709) % 1000) / 500.0 - 1.0 for j in range(m)]
+                   for i in range(n)])
+def mm(a, b):
+    cols = list(zip(*b.rows))
+    return Tensor([[sum(x * y for x, y in zip(r, c)) for c in cols] for r in a.rows])
+"""
+
+
+def check_peers() -> str:
+    """scripts/peers.py writes a results file with memtrade's case names that compare and report take."""
+    fake = path("fake_torch")
+    fake.mkdir(exist_ok=True)
+    (fake / "torch.py").write_text(FAKE_TORCH)
+    out = fresh("peers.json")
+    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "peers.py"), "--memtrade", str(CTX.memtrade), "--suite", "gemm",
+           "--profile", "test", "--out", str(out), "--against", str(path("A.json"))]
+    cp = subprocess.run(cmd, cwd=CTX.workdir, capture_output=True, text=True, timeout=CMD_TIMEOUT_S,
+                        env={**os.environ, "PYTHONPATH": str(fake)})
+    expect_rc(cp, 0, " ".join(cmd))
+    doc = load("peers.json")
+    ours = {e["case_id"] for e in load("A.json")["benchmarks"] if e.get("backend") == "cpu"}
+    peers = [e for e in iterations(doc["benchmarks"]) if e["impl"] == "torch-mm"]
+    expect({e["case_id"] for e in peers} == ours and all(e["role"] == "peer" and e["status"] == "ok" for e in peers),
+           f"peers.json: torch-mm records for {sorted({e['case_id'] for e in peers})}, expected ok peer records for "
+           f"{sorted(ours)}", cp)
+    expect(cp.stdout.count("/ torch-mm") >= len(ours), "peers.py --against printed no ratio per case", cp)
+    cp = memtrade("compare", "peers.json", "peers.json")
+    expect_rc(cp, 0, "compare peers.json peers.json")
+    html = fresh("rp.html")
+    cp = memtrade("report", "A.json", "peers.json", "-o", html.name)
+    expect_rc(cp, 0, "report A.json peers.json")
+    text = html.read_text(errors="replace")
+    expect("torch-mm" in text and "Against peers" in text, "the report shows no peer beside memtrade", cp)
+    return f"peers.py on the gemm test profile (a stand-in torch): {len(ours)} cases; compare and report take the file"
+
+
 def check_git_commit() -> str:
     """context.memtrade.git_commit identifies the source tree's commit: a hash, or "" when there is none."""
     commit = load("A.json")["context"]["memtrade"]["git_commit"]
@@ -724,6 +786,7 @@ CHECKS = [
     check_kill_mid_run,
     check_nightly_exit_codes,
     check_report,
+    check_peers,
     check_git_commit,
 ]
 
