@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/blas.hpp"
 #include "harness/ab.hpp"
 #include "harness/compare.hpp"
 #include "harness/probe.hpp"
@@ -552,6 +553,7 @@ int cmd_probe(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  memtrade::blas::use_the_cpus_kernels(argv);
   if (argc >= 2 && (std::string(argv[1]) == "--version" || std::string(argv[1]) == "version")) {
     std::printf("memtrade %s (%s build, source %s)\n", build::version, build::build_type, build::source_dir);
     return 0;

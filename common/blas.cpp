@@ -1,6 +1,10 @@
 #include "common/blas.hpp"
 
 #include <cblas.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "common/common.hpp"
 
@@ -15,6 +19,25 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 }
 
 int threads() { return openblas_get_num_threads(); }
+
+const char* core() { return openblas_get_corename(); }
+
+void use_the_cpus_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  const std::string now = core();
+  if (now != "Prescott" && now != "Core2") return;  // DYNAMIC_ARCH's fallbacks for CPUs it does not know
+  __builtin_cpu_init();
+  const char* best = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    best = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    best = "Haswell";
+  if (!best) return;
+  setenv("OPENBLAS_CORETYPE", best, 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: go on with the generic kernels
+  unsetenv("OPENBLAS_CORETYPE");
+}
 
 }  // namespace memtrade::blas
 

@@ -13,6 +13,18 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 // The number of threads OpenBLAS uses.
 int threads();
 
+// The kernel set OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...; its DYNAMIC_ARCH build picks one
+// when the library loads).
+const char* core();
+
+// OpenBLAS builds older than the CPU do not recognize it and fall back to their generic SSE3 kernels
+// (OpenBLAS 0.3.21, Debian 12's, names a Sapphire Rapids Xeon "Prescott": its sgemm runs several times
+// slower than the AVX-512 kernels the CPU can run). The library reads $OPENBLAS_CORETYPE only when it
+// loads, so a program that calls this first thing in main() is started again, once, with the variable set
+// to the widest kernel set the CPU supports (SkylakeX for AVX-512, Haswell for AVX2 + FMA). Nothing happens
+// when the variable is set already, when OpenBLAS recognized the CPU, or when the CPU has neither.
+void use_the_cpus_kernels(char** argv);
+
 }  // namespace memtrade::blas
 
 namespace memtrade::blas {

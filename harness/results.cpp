@@ -1,5 +1,6 @@
 #include "harness/results.hpp"
 
+#include "common/blas.hpp"
 #include "common/simd/targets.hpp"
 
 #include <benchmark/benchmark.h>
@@ -95,6 +96,7 @@ Json build_context(const RunInfo& info) {
   m["build_type"] = build::build_type;
   m["cpu_model"] = cpu_model();
   m["simd_target"] = simd::target_name();  // the runtime-dispatched kernels' instruction set ($MEMTRADE_SIMD)
+  m["blas_core"] = blas::core();            // OpenBLAS's kernel set ($OPENBLAS_CORETYPE)
   m["cpu_cores"] = std::thread::hardware_concurrency();
   auto cs = cuda_status();
   m["gpu_name"] = cs.available ? Json(cs.gpu_name) : Json(nullptr);
