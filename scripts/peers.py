@@ -11,7 +11,7 @@ passed, real time per call. Implementations (each a `peer` record; cases they do
              CPU; flash, efficient, cudnn, math on CUDA), forward or forward + backward as the case says
   gemm       torch-mm
   quant      torch-mv (fp32 and bf16 weights: torch.mv / torch.mm), torch-dynamic-int8 (int8 weights:
-             torch.ao dynamic quantization, fbgemm's int8 Linear)
+             torch.ao dynamic quantization, fbgemm's int8 Linear), with cold caches as memtrade times them
   precision  torch-fp32, torch-bf16-autocast: one training step of the same Llama configuration through
              transformers' LlamaForCausalLM (SDPA attention, torch.optim.AdamW), from a fresh model
 Not covered: the 4- and 8-bit float formats (PyTorch has no CPU kernel for them).
@@ -73,10 +73,38 @@ def suite_file(suites_dir, suite):
         raise PeerError(f"cannot read suite file {path}: {e}") from None
 
 
-def time_call(torch, fn, repetitions, min_time_s, sync):
-    """Per-call real and CPU time of each repetition (ns), as memtrade's harness measures them."""
+COLD_CALLS = 10  # memtrade's runner: cold-cache repetitions time a fixed number of calls
+
+
+def llc_bytes():
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            v = f.read().strip()
+        return int(v[:-1]) * {"K": 1 << 10, "M": 1 << 20}[v[-1]] if v[-1] in "KM" else int(v)
+    except (OSError, ValueError, KeyError, IndexError):
+        return 32 << 20
+
+
+def time_call(torch, fn, repetitions, min_time_s, sync, cold=False):
+    """Per-call real and CPU time of each repetition (ns), as memtrade's harness measures them: with `cold`,
+    each of COLD_CALLS calls per repetition follows a pass over twice the last-level cache, outside the
+    timed region (memtrade's Work::cold_cache, for the memory-bound kernels)."""
     fn()
     sync()
+    if cold:
+        scratch = torch.ones(2 * llc_bytes() // 4)
+        reps = []
+        for _ in range(repetitions):
+            real = cpu = 0.0
+            for _ in range(COLD_CALLS):
+                scratch.add_(1.0)
+                sync()
+                t, c = time.perf_counter(), time.thread_time()
+                fn()
+                sync()
+                real, cpu = real + time.perf_counter() - t, cpu + time.thread_time() - c
+            reps.append((real / COLD_CALLS * 1e9, cpu / COLD_CALLS * 1e9))
+        return COLD_CALLS, reps
     iters = 1
     while True:  # calls per repetition: enough for min_time_s
         t = time.perf_counter()
@@ -150,7 +178,7 @@ def quant_peers(torch, p, device, dtype_of):
         dt = dtype_of(fmt)
         wd, xd = w.to(device=device, dtype=dt), x.to(device=device, dtype=dt)
         fn = (lambda: torch.mv(wd, xd[0])) if m == 1 else (lambda: torch.mm(xd, wd.t()))
-        return [("torch-mv", fn, {"flops": flops, "weight_bytes": n * k * (4 if fmt == "fp32" else 2)})], ""
+        return [("torch-mv", fn, {"flops": flops, "weight_bytes": n * k * (4 if fmt == "fp32" else 2), "cold": True})], ""
     if fmt == "int8" and device == "cpu":
         lin = torch.nn.Linear(k, n, bias=False)
         with torch.no_grad():
@@ -162,7 +190,7 @@ def quant_peers(torch, p, device, dtype_of):
         def call():
             with torch.no_grad():
                 qlin(x)
-        return [("torch-dynamic-int8", call, {"flops": flops, "weight_bytes": n * k + 4 * n})], ""
+        return [("torch-dynamic-int8", call, {"flops": flops, "weight_bytes": n * k + 4 * n, "cold": True})], ""
     return [], f"no PyTorch {device} kernel for format {fmt}"
 
 
@@ -208,7 +236,7 @@ def records(torch, suite, technique, x_param, case_id, params, impl, fn, counter
             "technique": technique, "impl": impl, "role": "peer", "backend": backend, "case_id": case_id,
             "case": params, "x": params.get(x_param), "time_unit": "ns", "threads": 1}
     try:
-        iters, reps = time_call(torch, fn, reps_n, min_time_s, sync)
+        iters, reps = time_call(torch, fn, reps_n, min_time_s, sync, cold=counters.get("cold", False))
     except Exception as e:  # a backend that does not take the case (dtype, GQA, head dim) is a result
         return [{**base, "status": "skipped", "status_detail": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
                  "run_type": "iteration", "repetitions": 1, "repetition_index": 0, "iterations": 0,
@@ -222,6 +250,8 @@ def records(torch, suite, technique, x_param, case_id, params, impl, fn, counter
             e["tflops"] = counters["flops"] / (real * 1e-9) / 1e12
         if "weight_bytes" in counters:
             e["gbytes_per_s"] = counters["weight_bytes"] / (real * 1e-9) / 1e9
+        if counters.get("cold"):
+            e["cold_cache"] = 1
         out.append(e)
     med = statistics.median(r for r, _ in reps)
     out.append({**out[-1], "name": base["name"] + "_median", "run_type": "aggregate", "aggregate_name": "median",
