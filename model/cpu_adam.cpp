@@ -4,6 +4,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "common/simd/convert-inl.h"
+
 #include <algorithm>
 #include <type_traits>
 
@@ -31,62 +33,12 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
-using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
 
-template <class G>
-HWY_INLINE VF load_grad(const G* g) {
-  const DF df;
-  if constexpr (std::is_same_v<G, float>) {
-    return hn::LoadU(df, g);
-  } else if constexpr (std::is_same_v<G, bf16_t>) {
-    const hn::Rebind<uint16_t, DF> d16;
-    const auto bits = hn::PromoteTo(DU(), hn::LoadU(d16, reinterpret_cast<const uint16_t*>(g)));
-    return hn::BitCast(df, hn::ShiftLeft<16>(bits));  // exact (a NaN keeps its payload)
-  } else {  // integer decode on every target, half_bits_to_float's values (Inf/NaN included)
-    const DU du;
-    const hn::Rebind<uint16_t, DF> d16;
-    const auto h = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(g)));
-    const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
-    const auto a = hn::And(h, hn::Set(du, 0x7FFFu));
-    // Normal: rebias the exponent in the integer bits. Subnormal (exponent 0): mantissa x 2^-24, exact in
-    // fp32 from an integer conversion (no denormal operand, which costs microcode assists on x86).
-    const auto mant = hn::And(a, hn::Set(du, 0x3FFu));
-    const auto normal = hn::Add(hn::ShiftLeft<13>(a), hn::Set(du, 112u << 23));
-    const hn::RebindToSigned<DF> dis;
-    const VF sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(dis, mant)), hn::Set(df, 0x1p-24f));
-    const auto is_sub = hn::RebindMask(du, hn::Lt(hn::BitCast(dis, a), hn::Set(dis, 0x0400)));
-    const auto finite = hn::IfThenElse(is_sub, hn::BitCast(du, sub), normal);
-    const auto quiet = hn::IfThenElseZero(hn::Ne(mant, hn::Zero(du)), hn::Set(du, 0x00400000u));
-    const auto special = hn::Or(hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<13>(mant)), quiet);
-    const hn::RebindToSigned<DF> di;  // a < 2^15: the signed comparison is the unsigned one
-    const auto is_special = hn::RebindMask(du, hn::Gt(hn::BitCast(di, a), hn::Set(di, 0x7BFF)));
-    return hn::BitCast(df, hn::Or(sign, hn::IfThenElse(is_special, special, finite)));
-  }
-}
-
-// fp32 -> bf16 bits, round to nearest even; NaN as float_to_bf16_bits makes it (quiet, top payload bits).
-HWY_INLINE void store_bf16(VF p, bf16_t* out) {
-  const DU du;
-  const hn::RebindToSigned<DF> di;
-  const auto x = hn::BitCast(du, p);
-  const auto sign = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 0x8000u));
-  const auto a = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
-  const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(a, hn::Set(du, 0x7FFFu)), hn::And(hn::ShiftRight<16>(a), hn::Set(du, 1u))));
-  const auto nan = hn::Or(hn::Set(du, 0x7FC0u), hn::And(hn::ShiftRight<16>(a), hn::Set(du, 0x7Fu)));
-  const auto is_nan = hn::Gt(hn::BitCast(di, a), hn::Set(di, 0x7F800000));
-  const auto bits = hn::Or(sign, hn::IfThenElse(hn::RebindMask(du, is_nan), nan, rounded));
-  const hn::Rebind<uint16_t, decltype(di)> d16;
-  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, reinterpret_cast<uint16_t*>(out));
-}
-
-// x86 targets from AVX2 up convert fp32 -> fp16 with F16C (vcvtps2ph, round to nearest even: the scalar
-// rounding); elsewhere the fp16 working copies are rounded element by element after the SIMD body.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-constexpr bool kF16Hardware = true;
-#else
-constexpr bool kF16Hardware = false;
-#endif
+using memtrade::simd::HWY_NAMESPACE::LoadF32;
+using memtrade::simd::HWY_NAMESPACE::StoreBF16;
+using memtrade::simd::HWY_NAMESPACE::StoreF16;
+constexpr bool kF16Hardware = memtrade::simd::HWY_NAMESPACE::cvt::kF16Hardware;
 
 // One tile: the SIMD body, adamw_step for the remainder, then (without F16C) fp16 working copies element
 // by element (the tile is in cache) with the exact scalar rounding.
@@ -100,7 +52,7 @@ void tile(const AdamStep& s, float* HWY_RESTRICT p, float* HWY_RESTRICT m, float
   const VF bc1 = hn::Set(df, s.bc1), bc2 = hn::Set(df, s.bc2), eps = hn::Set(df, s.eps), scale = hn::Set(df, s.grad_scale);
   int64_t i = 0;
   for (; i + N <= n; i += N) {
-    const VF grad = hn::Mul(load_grad(g + i), scale);
+    const VF grad = hn::Mul(LoadF32(g + i), scale);
     VF pi = hn::LoadU(df, p + i);
     pi = hn::Sub(pi, hn::Mul(decay, pi));
     const VF mi = hn::Add(hn::Mul(b1, hn::LoadU(df, m + i)), hn::Mul(c1, grad));
@@ -113,10 +65,9 @@ void tile(const AdamStep& s, float* HWY_RESTRICT p, float* HWY_RESTRICT m, float
       if constexpr (std::is_same_v<W, float>) {
         hn::StoreU(pi, df, w + i);
       } else if constexpr (std::is_same_v<W, bf16_t>) {
-        store_bf16(pi, w + i);
+        StoreBF16(pi, w + i);
       } else if constexpr (kF16Hardware) {
-        const hn::Rebind<hwy::float16_t, DF> d16;
-        hn::StoreU(hn::DemoteTo(d16, pi), d16, reinterpret_cast<hwy::float16_t*>(w + i));
+        StoreF16(pi, w + i);
       }
     }
   }

@@ -13,6 +13,7 @@
 #include "datasets/random.hpp"
 #include "impls/attention/attention.hpp"
 #include "common/blas.hpp"
+#include "common/simd/convert.hpp"
 #include "model/cpu_adam.hpp"
 #include "model/layers.hpp"
 #include "model/train_core.hpp"
@@ -154,6 +155,13 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
   // ---- GEMM: out[m x n] (=, or += when acc) op(A) op(B), fp32 (fp64) accumulation ----
 
+  // 16-bit operands widened in portable SIMD (common/simd/convert.hpp), in chunks over the threads.
+  void to_f32_parallel(const S* src, float* dst, int64_t n) const {
+    constexpr int64_t kChunk = 16384;
+#pragma omp parallel for num_threads(threads()) if (n > kChunk)
+    for (int64_t c = 0; c < n; c += kChunk) simd::to_f32(src + c, dst + c, std::min(kChunk, n - c));
+  }
+
   // A is [m x k] ([k x m] if ta), B is [k x n] ([n x k] if tb). Result into gemm_out_ (C).
   void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* A, const S* B) {
     C* out = gemm_out_.as<C>();
@@ -164,10 +172,8 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
       blas::sgemm(ta, tb, m, n, k, 1.f, A, lda, B, ldb, 0.f, out, n);
     } else {
       float *a = gemm_a_.as<float>(), *b = gemm_b_.as<float>();
-#pragma omp parallel for num_threads(threads())
-      for (int64_t i = 0; i < m * k; ++i) a[i] = to_f32(A[i]);
-#pragma omp parallel for num_threads(threads())
-      for (int64_t i = 0; i < k * n; ++i) b[i] = to_f32(B[i]);
+      to_f32_parallel(A, a, m * k);
+      to_f32_parallel(B, b, k * n);
       blas::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, n);
     }
   }

@@ -10,6 +10,8 @@
 #include <hwy/highway.h>
 #include <omp.h>
 
+#include "common/simd/convert-inl.h"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -160,7 +162,11 @@ HWY_INLINE void ProbsAndGrads(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, int
 
 template <class T>
 HWY_INLINE void LoadRows(const T* src, int rows, int64_t d, float mult, float* dst) {
-  for (int64_t i = 0; i < rows * d; ++i) dst[i] = to_f32(src[i]) * mult;
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), n = rows * d;
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(memtrade::simd::HWY_NAMESPACE::LoadF32(src + i), hn::Set(df, mult)), df, dst + i);
+  for (; i < n; ++i) dst[i] = to_f32(src[i]) * mult;
 }
 // A tile of `rows` rows of length d into [d x 64] (transposed), times mult, zero past `rows`.
 template <class T>

@@ -1,0 +1,51 @@
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "common/simd/convert.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "common/simd/convert-inl.h"
+#include "common/simd/convert.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::simd {
+namespace HWY_NAMESPACE {
+
+template <class S, class D>
+void Convert(const S* HWY_RESTRICT src, D* HWY_RESTRICT dst, int64_t n) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(cvt::DF()));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const cvt::VF v = LoadF32(src + i);
+    if constexpr (std::is_same_v<D, float>) hn::StoreU(v, cvt::DF(), dst + i);
+    else if constexpr (std::is_same_v<D, bf16_t>) StoreBF16(v, dst + i);
+    else StoreF16(v, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = memtrade::from_f32<D>(memtrade::to_f32(src[i]));
+}
+
+void BF16ToF32(const bf16_t* src, float* dst, int64_t n) { Convert(src, dst, n); }
+void F16ToF32(const f16_t* src, float* dst, int64_t n) { Convert(src, dst, n); }
+void F32ToBF16(const float* src, bf16_t* dst, int64_t n) { Convert(src, dst, n); }
+void F32ToF16(const float* src, f16_t* dst, int64_t n) { Convert(src, dst, n); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace memtrade::simd {
+
+HWY_EXPORT(BF16ToF32);
+HWY_EXPORT(F16ToF32);
+HWY_EXPORT(F32ToBF16);
+HWY_EXPORT(F32ToF16);
+
+void to_f32(const bf16_t* src, float* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(BF16ToF32)(src, dst, n); }
+void to_f32(const f16_t* src, float* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F16ToF32)(src, dst, n); }
+void from_f32(const float* src, bf16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBF16)(src, dst, n); }
+void from_f32(const float* src, f16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(src, dst, n); }
+
+}  // namespace memtrade::simd
+#endif
