@@ -49,7 +49,10 @@ std::vector<Metric> train_bench_metrics(bool grads_bit_identical) {
        "relative L2 difference from the reference implementation's gradient"},
       {"mean_of_means_grad_rel_err", "1", Better::none, Gate::report, 0, 0,
        "with accum > 1: the gradient error if each micro-batch's mean loss were averaged (the common mistake)"},
-      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
+      // 1.05: a training trajectory follows its rounding, and equally valid summation orders (OpenBLAS's
+      // kernel set, the thread count) moved the lora quick run's validation loss by up to 3.7% (2.434 to
+      // 2.524); a broken or diverging run is far outside it (and `diverged` gates at zero).
+      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.05, 0, "validation loss after training"},
       {"train_loss_last", "nats/byte", Better::lower, Gate::report, 0, 0, "loss of the last training step"},
       {"grad_condition", "1", Better::none, Gate::report, 0, 0,
        "fine-tuning: the float64 gradient's norm at initialization over its norm at the pretrained weights (widens the error bound)"},

@@ -295,7 +295,10 @@ void register_technique(Registry& r) {
       {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
       {"model_state_bytes_per_param", "bytes", Better::lower, Gate::exact, 0, 0,
        "weights + master + grads + optimizer state, per parameter"},
-      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.02, 0, "validation loss after training"},
+      // 1.05: a training trajectory follows its rounding, and equally valid summation orders (OpenBLAS's
+      // kernel set, the thread count) moved the lora quick run's validation loss by up to 3.7% (2.434 to
+      // 2.524); a broken or diverging run is far outside it (and `diverged` gates at zero).
+      {"val_loss", "nats/byte", Better::lower, Gate::ratio, 1.05, 0, "validation loss after training"},
       {"val_loss_delta_vs_fp32", "nats/byte", Better::lower, Gate::report, 0, 0, "val_loss minus fp32's"},
       {"val_loss_rel_delta_vs_fp32", "1", Better::lower, Gate::report, 0, 0, "that difference relative to fp32"},
       {"train_loss_first", "nats/byte", Better::none, Gate::report, 0, 0, "loss of the first step"},
