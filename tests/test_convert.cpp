@@ -16,19 +16,6 @@ using namespace memtrade;
 // ones bit for bit: every 16-bit pattern widened, and fp32 inputs around every rounding decision of both
 // formats (each 16-bit high half with low halves at and beside the bf16 and fp16 ties, and the fp16
 // subnormal range's ties) plus a million random patterns narrowed. Odd lengths cover the scalar tails.
-namespace {
-template <class T>
-uint16_t bits_of(T v) {
-  uint16_t b;
-  std::memcpy(&b, &v, 2);
-  return b;
-}
-uint32_t float_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-}  // namespace
 
 TEST(Convert, BulkConversionsEqualTheScalarOnesOnEveryTarget) {
   std::vector<uint16_t> all16(65536 + 3);
@@ -49,14 +36,14 @@ TEST(Convert, BulkConversionsEqualTheScalarOnesOnEveryTarget) {
     simd::to_f32(reinterpret_cast<const bf16_t*>(all16.data()), wide.data(), static_cast<int64_t>(all16.size()));
     int bad = 0;
     for (size_t i = 0; i < all16.size() && bad < 5; ++i)
-      if (float_bits(wide[i]) != float_bits(bf16_bits_to_float(all16[i]))) {
-        ADD_FAILURE() << target << " bf16 0x" << std::hex << all16[i] << " -> 0x" << float_bits(wide[i]);
+      if (detail::float_as_bits(wide[i]) != detail::float_as_bits(bf16_bits_to_float(all16[i]))) {
+        ADD_FAILURE() << target << " bf16 0x" << std::hex << all16[i] << " -> 0x" << detail::float_as_bits(wide[i]);
         ++bad;
       }
     simd::to_f32(reinterpret_cast<const f16_t*>(all16.data()), wide.data(), static_cast<int64_t>(all16.size()));
     for (size_t i = 0; i < all16.size() && bad < 5; ++i)
-      if (float_bits(wide[i]) != float_bits(half_bits_to_float(all16[i]))) {
-        ADD_FAILURE() << target << " fp16 0x" << std::hex << all16[i] << " -> 0x" << float_bits(wide[i]);
+      if (detail::float_as_bits(wide[i]) != detail::float_as_bits(half_bits_to_float(all16[i]))) {
+        ADD_FAILURE() << target << " fp16 0x" << std::hex << all16[i] << " -> 0x" << detail::float_as_bits(wide[i]);
         ++bad;
       }
     std::vector<bf16_t> nb(f32.size());
@@ -64,12 +51,12 @@ TEST(Convert, BulkConversionsEqualTheScalarOnesOnEveryTarget) {
     simd::from_f32(f32.data(), nb.data(), static_cast<int64_t>(f32.size()));
     simd::from_f32(f32.data(), nh.data(), static_cast<int64_t>(f32.size()));
     for (size_t i = 0; i < f32.size() && bad < 5; ++i) {
-      if (bits_of(nb[i]) != float_to_bf16_bits(f32[i])) {
-        ADD_FAILURE() << target << " 0x" << std::hex << f32bits[i] << " -> bf16 0x" << bits_of(nb[i]);
+      if (nb[i].bits != float_to_bf16_bits(f32[i])) {
+        ADD_FAILURE() << target << " 0x" << std::hex << f32bits[i] << " -> bf16 0x" << nb[i].bits;
         ++bad;
       }
-      if (bits_of(nh[i]) != float_to_half_bits(f32[i])) {
-        ADD_FAILURE() << target << " 0x" << std::hex << f32bits[i] << " -> fp16 0x" << bits_of(nh[i]);
+      if (nh[i].bits != float_to_half_bits(f32[i])) {
+        ADD_FAILURE() << target << " 0x" << std::hex << f32bits[i] << " -> fp16 0x" << nh[i].bits;
         ++bad;
       }
     }
