@@ -181,6 +181,11 @@ MT_HD float bf16_bits_to_float(uint16_t b) {
   return detail::bits_as_float(x);
 }
 
+// Whether f rounds to a signed zero in fp16 (float_to_half_bits(f) & 0x7FFF == 0): |f| <= 2^-25, half the
+// smallest subnormal with the tie going to the even 0. NaN never does. One compare, for counting gradient
+// underflow over whole gradients.
+MT_HD bool f16_rounds_to_zero(float f) { return (f < 0.f ? -f : f) <= 0x1p-25f; }
+
 MT_HD float to_float(f16_t h) { return half_bits_to_float(h.bits); }
 MT_HD float to_float(bf16_t b) { return bf16_bits_to_float(b.bits); }
 MT_HD f16_t to_f16(float f) { return f16_t{float_to_half_bits(f)}; }

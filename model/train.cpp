@@ -109,6 +109,7 @@ int threads() { return std::min(kSlots, omp_get_max_threads()); }
 template <class S, class M>
 class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   using C = Comp<S>;
+  static constexpr bool kNarrow = !std::is_same_v<S, C>;  // 16-bit storage, float compute
   using Base = TrainerCore<CpuTrainer<S, M>, S, M, C>;
   friend Base;
   using Base::c_, Base::o_, Base::dev_, Base::L_, Base::master_, Base::weights_, Base::grads_, Base::m_, Base::v_,
@@ -180,25 +181,40 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* A, const S* B, S* out, bool acc) {
     gemm_raw(ta, tb, m, n, k, A, B);
-    const C* r = gemm_out_.as<C>();
+    C* r = gemm_out_.as<C>();
+    if constexpr (kNarrow) {  // r (+)= out in place, then narrowed in SIMD
+      chunks(m * n, [&](int64_t lo, int64_t len) {
+        if (acc) {
+          C* o = slot(0);
+          load_row(out + lo, o, len);
+          for (int64_t i = 0; i < len; ++i) r[lo + i] = o[i] + r[lo + i];
+        }
+        store_row(r + lo, out + lo, len);
+      });
+    } else {
 #pragma omp parallel for num_threads(threads())
-    for (int64_t i = 0; i < m * n; ++i) out[i] = st<S>(acc ? ld(out[i]) + r[i] : r[i]);
+      for (int64_t i = 0; i < m * n; ++i) out[i] = st<S>(acc ? ld(out[i]) + r[i] : r[i]);
+    }
   }
 
   // A weight gradient: grad[m x n] += dY^T X (dY [k x m], X [k x n]), counting fp16 underflow of the new
   // contribution.
   void gemm_grad(int64_t m, int64_t n, int64_t k, const S* A, const S* B, S* grad, StepStats* s) {
     gemm_raw(true, false, m, n, k, A, B);
-    const C* r = gemm_out_.as<C>();
+    C* r = gemm_out_.as<C>();
     int64_t nonzero = 0, under = 0;
 #pragma omp parallel for num_threads(threads()) reduction(+ : nonzero, under)
-    for (int64_t i = 0; i < m * n; ++i) {
-      const float v = static_cast<float>(r[i]);
-      if (v != 0.f) {
-        ++nonzero;
-        if ((to_f16(v).bits & 0x7FFFu) == 0) ++under;
+    for (int64_t c = 0; c < m * n; c += width_) {
+      const int64_t len = std::min(width_, m * n - c);
+      C* g = slot(0);
+      load_row(grad + c, g, len);
+      for (int64_t i = c; i < c + len; ++i) {
+        const float v = static_cast<float>(r[i]);
+        nonzero += v != 0.f;
+        under += v != 0.f && f16_rounds_to_zero(v);
+        g[i - c] += r[i];
       }
-      grad[i] = st<S>(ld(grad[i]) + r[i]);
+      store_row(g, grad + c, len);
     }
     if (s) {
       s->grad_nonzero += nonzero;
@@ -209,10 +225,19 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   // ---- row operations (16-bit rows are widened into per-thread scratch) ----
 
   void load_row(const S* src, C* dst, int64_t n) const {
-    for (int64_t j = 0; j < n; ++j) dst[j] = ld(src[j]);
+    if constexpr (kNarrow) simd::to_f32(src, dst, n);
+    else std::copy_n(src, n, dst);
   }
   void store_row(const C* src, S* dst, int64_t n) const {
-    for (int64_t j = 0; j < n; ++j) dst[j] = st<S>(src[j]);
+    if constexpr (kNarrow) simd::from_f32(src, dst, n);
+    else std::copy_n(src, n, dst);
+  }
+
+  // f(lo, len) over [0, n) in chunks of at most width_ elements (a scratch slot), split over the threads.
+  template <class F>
+  void chunks(int64_t n, F&& f) {
+#pragma omp parallel for num_threads(threads()) if (n > width_)
+    for (int64_t c = 0; c < n; c += width_) f(c, std::min(width_, n - c));
   }
 
   void embedding_fwd(const int32_t* ids, const S* table, S* out) {
@@ -280,36 +305,57 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
           std::copy_n(in, hd, out);
           continue;
         }
+        // 16-bit rows are rotated in C scratch, widened and narrowed in SIMD.
+        const C* x;
+        C* y;
+        if constexpr (kNarrow) {
+          load_row(in, slot(0), hd);
+          x = slot(0);
+          y = slot(1);
+        } else {
+          x = in;
+          y = out;
+        }
         for (int64_t i = 0; i < half; ++i) {
           const C cs = tab[(t * half + i) * 2], sn = tab[(t * half + i) * 2 + 1] * (forward ? C(1) : C(-1));
-          C y1, y2;
-          rope_rotate_pair(ld(in[i]), ld(in[i + half]), cs, sn, y1, y2);
-          out[i] = st<S>(y1);
-          out[i + half] = st<S>(y2);
+          rope_rotate_pair(x[i], x[i + half], cs, sn, y[i], y[i + half]);
         }
+        if constexpr (kNarrow) store_row(y, out, hd);
       }
     }
   }
 
+  // Element-wise operations work on chunks in C (16-bit storage widened and narrowed in SIMD).
   void scale(S* p, int64_t n, C f) {
-#pragma omp parallel for num_threads(threads())
-    for (int64_t i = 0; i < n; ++i) p[i] = st<S>(ld(p[i]) * f);
+    chunks(n, [&](int64_t lo, int64_t len) {
+      C* a = slot(0);
+      load_row(p + lo, a, len);
+      for (int64_t i = 0; i < len; ++i) a[i] *= f;
+      store_row(a, p + lo, len);
+    });
   }
 
   void swiglu(const S* g, const S* u, S* h, int64_t n) {
-#pragma omp parallel for num_threads(threads())
-    for (int64_t i = 0; i < n; ++i) h[i] = st<S>(swiglu_forward_elem(ld(g[i]), ld(u[i])));
+    chunks(n, [&](int64_t lo, int64_t len) {
+      C *a = slot(0), *b = slot(1);
+      load_row(g + lo, a, len);
+      load_row(u + lo, b, len);
+      for (int64_t i = 0; i < len; ++i) a[i] = swiglu_forward_elem(a[i], b[i]);
+      store_row(a, h + lo, len);
+    });
   }
 
   // g and u receive their gradients.
   void swiglu_bwd(S* g, S* u, const S* dh, int64_t n) {
-#pragma omp parallel for num_threads(threads())
-    for (int64_t i = 0; i < n; ++i) {
-      C dg, du;
-      swiglu_backward_elem(ld(g[i]), ld(u[i]), ld(dh[i]), dg, du);
-      g[i] = st<S>(dg);
-      u[i] = st<S>(du);
-    }
+    chunks(n, [&](int64_t lo, int64_t len) {
+      C *a = slot(0), *b = slot(1), *d = slot(2);
+      load_row(g + lo, a, len);
+      load_row(u + lo, b, len);
+      load_row(dh + lo, d, len);
+      for (int64_t i = 0; i < len; ++i) swiglu_backward_elem(a[i], b[i], d[i], a[i], b[i]);
+      store_row(a, g + lo, len);
+      store_row(b, u + lo, len);
+    });
   }
 
   // Sum of the rows' losses, in row order (deterministic).

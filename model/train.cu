@@ -293,7 +293,7 @@ __global__ void accumulate_weight_grad(const float* __restrict__ r, S* __restric
     const float v = r[i];
     if (v != 0.f) {
       ++nonzero;
-      if ((to_f16(v).bits & 0x7FFFu) == 0) ++under;
+      if (f16_rounds_to_zero(v)) ++under;
     }
     grad[i] = from_f32<S>(to_f32(grad[i]) + v);
   }

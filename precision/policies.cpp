@@ -77,7 +77,7 @@ double underflow_fraction_fp16(std::span<const float> grads) {
   for (float g : grads) {
     if (g == 0.f) continue;  // +-0; NaN compares unequal and counts as nonzero
     ++nonzero;
-    if ((float_to_half_bits(g) & 0x7FFFu) == 0) ++underflow;
+    if (f16_rounds_to_zero(g)) ++underflow;
   }
   return nonzero == 0 ? 0.0 : static_cast<double>(underflow) / static_cast<double>(nonzero);
 }

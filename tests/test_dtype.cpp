@@ -196,6 +196,26 @@ TEST(DType, FloatToBf16Random) {
   EXPECT_EQ(check.failures, 0);
 }
 
+// The one-compare underflow test agrees with the conversion on every float whose magnitude is within
+// 2^-28 .. 2^-22 (each side of the threshold 2^-25, every bit pattern), on zeros, Inf, NaN and 10M random bits.
+TEST(DType, F16RoundsToZeroMatchesConversion) {
+  auto agrees = [](uint32_t b) {
+    const float f = bitsf(b);
+    return f16_rounds_to_zero(f) == ((float_to_half_bits(f) & 0x7FFFu) == 0);
+  };
+  int64_t zeros = 0;
+  for (uint32_t b = fbits(0x1p-28f); b <= fbits(0x1p-22f); ++b)
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      ASSERT_TRUE(agrees(b | sign)) << std::hexfloat << bitsf(b | sign);
+      zeros += f16_rounds_to_zero(bitsf(b | sign));
+    }
+  EXPECT_EQ(zeros, 2 * static_cast<int64_t>(fbits(0x1p-25f) - fbits(0x1p-28f) + 1));  // up to 2^-25 inclusive
+  for (uint32_t b : {0u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x00000001u}) EXPECT_TRUE(agrees(b));
+  EXPECT_FALSE(f16_rounds_to_zero(std::numeric_limits<float>::quiet_NaN()));
+  std::mt19937 rng(7);
+  for (int i = 0; i < 10'000'000; ++i) ASSERT_TRUE(agrees(rng())) << i;
+}
+
 TEST(DType, HalfSpotChecks) {
   EXPECT_EQ(float_to_half_bits(1.0f), 0x3C00);
   EXPECT_EQ(float_to_half_bits(-2.0f), 0xC000);
