@@ -42,6 +42,12 @@ HWY_INLINE VF nf4_lookup(VI q, const float* table) {
   const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   if (N >= 16) return hn::TableLookupLanes(hn::LoadU(df, table), hn::IndicesFromVec(df, q));
+  if (N == 8) {  // both halves of the table, chosen by bit 3 of q (moved to the sign bit)
+    const auto idx = hn::IndicesFromVec(df, hn::And(q, hn::Set(di, 7)));
+    const VF lo = hn::TableLookupLanes(hn::LoadU(df, table), idx);
+    const VF hi = hn::TableLookupLanes(hn::LoadU(df, table + 8), idx);
+    return hn::IfNegativeThenElse(hn::BitCast(df, hn::ShiftLeft<28>(q)), hi, lo);
+  }
   VF r = hn::Zero(df);
   for (int64_t c = 0; c < 16; c += N) {
     const VI local = hn::Sub(q, hn::Set(di, static_cast<int32_t>(c)));
@@ -73,19 +79,26 @@ HWY_INLINE VF decode8(const uint8_t* p) {
   }
 }
 
+// The offsets decode4 subtracts from a 4-bit integer group's codes: 2^23 + z (low nibbles) and 2^19 + z
+// (high nibbles); exact, z being an integer 0..15.
+HWY_INLINE VF zero_lo(float z) { return hn::Set(DF(), 0x1p23f + z); }
+HWY_INLINE VF zero_hi(float z) { return hn::Set(DF(), 0x1p19f + z); }
+
 // 4-bit codes: u of the even elements (low nibbles) and the odd ones (high nibbles) of 2 N elements.
+// Integer codes without a shift or an int -> float conversion: a low nibble ORed into the mantissa of 2^23
+// reads as 2^23 + q, a high nibble left in bits 4..7 under the exponent of 2^19 (where those bits weigh
+// 1) as 2^19 + q, and one exact subtraction of zlo / zhi leaves q - z.
 template <Format F>
-HWY_INLINE void decode4(const uint8_t* p, VF zero, const float* table, VF& even, VF& odd) {
+HWY_INLINE void decode4(const uint8_t* p, VF zlo, VF zhi, const float* table, VF& even, VF& odd) {
   const DF df;
   const DI di;
   const VI b = load_bytes_i32(p);
-  const VI lo = hn::And(b, hn::Set(di, 0x0F)), hi = hn::ShiftRight<4>(b);
   if constexpr (F == Format::nf4) {
-    even = nf4_lookup(lo, table);
-    odd = nf4_lookup(hi, table);
+    even = nf4_lookup(hn::And(b, hn::Set(di, 0x0F)), table);
+    odd = nf4_lookup(hn::ShiftRight<4>(b), table);
   } else {
-    even = hn::Sub(hn::ConvertTo(df, lo), zero);
-    odd = hn::Sub(hn::ConvertTo(df, hi), zero);
+    even = hn::Sub(hn::BitCast(df, hn::OrAnd(hn::Set(di, 0x4B000000), b, hn::Set(di, 0x0F))), zlo);
+    odd = hn::Sub(hn::BitCast(df, hn::OrAnd(hn::Set(di, 0x49000000), b, hn::Set(di, 0xF0))), zhi);
   }
 }
 
@@ -124,15 +137,15 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
         VF acc = hn::Zero(df);
         for (int64_t g = c0 / G; g < c1 / G; ++g) {
           const GroupParams p = stored_params(L, blob, r, g);
-          const VF z = hn::Set(df, p.zero);
+          const VF zl = zero_lo(p.zero), zh = zero_hi(p.zero);
           // Four accumulators: the fma latency, not the decode, bounds two dependency chains.
           VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
           int64_t k = g * G;
           for (; k + 4 * V <= (g + 1) * G; k += 4 * V) {
             if ((k & 127) == 0) hwy::Prefetch(row + k / 2 + kPrefetchBytes);
             VF ue, uo, ue2, uo2;
-            decode4<F>(row + k / 2, z, table, ue, uo);
-            decode4<F>(row + k / 2 + V, z, table, ue2, uo2);
+            decode4<F>(row + k / 2, zl, zh, table, ue, uo);
+            decode4<F>(row + k / 2 + V, zl, zh, table, ue2, uo2);
             a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
             a1 = hn::MulAdd(uo, hn::Load(df, xp + (k - c0) + V), a1);
             a2 = hn::MulAdd(ue2, hn::Load(df, xp + (k - c0) + 2 * V), a2);
@@ -140,7 +153,7 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
           }
           for (; k < (g + 1) * G; k += 2 * V) {
             VF ue, uo;
-            decode4<F>(row + k / 2, z, table, ue, uo);
+            decode4<F>(row + k / 2, zl, zh, table, ue, uo);
             a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
             a1 = hn::MulAdd(uo, hn::Load(df, xp + (k - c0) + V), a1);
           }
@@ -187,10 +200,10 @@ void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y
           tail += unscaled<F>(row, k, p.zero) * x[k];
           ++k;
         }
-        const VF z = hn::Set(df, p.zero);
+        const VF zl = zero_lo(p.zero), zh = zero_hi(p.zero);
         for (; k + 2 * V <= k1; k += 2 * V) {
           VF ue, uo, xe, xo;
-          decode4<F>(row + k / 2, z, table, ue, uo);
+          decode4<F>(row + k / 2, zl, zh, table, ue, uo);
           hn::LoadInterleaved2(df, x + k, xe, xo);
           a0 = hn::MulAdd(ue, xe, a0);
           a1 = hn::MulAdd(uo, xo, a1);
@@ -241,7 +254,7 @@ void DequantRowsT(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr,
         }
         for (; k + 2 * V <= k1; k += 2 * V) {
           VF ue, uo;
-          decode4<F>(row + k / 2, hn::Set(df, p.zero), table, ue, uo);
+          decode4<F>(row + k / 2, zero_lo(p.zero), zero_hi(p.zero), table, ue, uo);
           // fp8 / nf4: decode(q) * scale, int: scale * (q - z); both products are commutative roundings
           hn::StoreInterleaved2(hn::Mul(s, ue), hn::Mul(s, uo), df, o + k);
         }
