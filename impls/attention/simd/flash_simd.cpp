@@ -149,14 +149,19 @@ HWY_INLINE void SoftmaxTileT(float* HWY_RESTRICT sT, int cols, float* m, float* 
   }
 }
 
-// P = exp(S - lse) and dS = P (dP - delta) over `len` consecutive scores of one row (lse, delta scalars).
-HWY_INLINE void ProbsAndGrads(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, int len, VF lse, VF delta) {
+// P = exp(S - lse) and dS = P (dP - delta) over `len` consecutive scores (a multiple of the lane count):
+// of one query row (kPerQuery false: *lse, *delta for all), or of one key column of S^T (kPerQuery true:
+// lse[j], delta[j] for score j).
+template <bool kPerQuery>
+HWY_INLINE void ProbsAndGrads(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, int len, const float* lse,
+                              const float* delta) {
   const DF df;
   const int N = static_cast<int>(hn::Lanes(df));
+  const VF lse1 = hn::Set(df, *lse), delta1 = hn::Set(df, *delta);
   for (int j = 0; j < len; j += N) {
-    const VF p = Exp(df, hn::Sub(hn::LoadU(df, s + j), lse));
+    const VF p = Exp(df, hn::Sub(hn::LoadU(df, s + j), kPerQuery ? hn::LoadU(df, lse + j) : lse1));
     hn::StoreU(p, df, s + j);
-    hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, dp + j), delta)), df, dp + j);
+    hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, dp + j), kPerQuery ? hn::LoadU(df, delta + j) : delta1)), df, dp + j);
   }
 }
 
@@ -215,10 +220,7 @@ class Kernel {
         const float* kt = rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k);
         const float* vt = rows_f32(in(b_.v) + (bkv * nk + j0) * d, cols, w.v);
         Gemm(cols, BR, static_cast<int>(d), kt, d, 1, qT, BR, w.s, BR, Init::zero);  // S^T = K (scale Q)^T
-        if (crosses_diagonal(i0, j0, cols))
-          for (int j = 0; j < cols; ++j)
-            for (int i = 0; i < BR; ++i)
-              if (!causal_allows(i0 + i, j0 + j, n, nk)) w.s[j * BR + i] = -INFINITY;
+        MaskTransposed(w.s, i0, j0, cols);
         float* c = w.lse;  // the rescale factors of this tile
         SoftmaxTileT(w.s, cols, w.m, w.l, c);
         Gemm(rows, static_cast<int>(d), cols, w.s, 1, BR, vt, d, w.acc, d, Init::scale, c);  // O = c O + P V
@@ -265,8 +267,7 @@ class Kernel {
               for (int j = 0; j < BC; ++j)
                 if (j >= cols || (s_.causal && !causal_allows(i0 + i, j0 + j, n, nk))) w.s[i * BC + j] = -INFINITY;
           for (int i = 0; i < rows; ++i)
-            ProbsAndGrads(w.s + i * BC, w.dp + i * BC, BC, hn::Set(DF(), lse[bh * n + i0 + i]),
-                          hn::Set(DF(), delta[bh * n + i0 + i]));
+            ProbsAndGrads<false>(w.s + i * BC, w.dp + i * BC, BC, lse + bh * n + i0 + i, delta + bh * n + i0 + i);
           Gemm(cols, di, rows, w.s, 1, BC, w.dout, d, w.dv, d, Init::keep);  // dV += P^T dO
           Gemm(cols, di, rows, w.dp, 1, BC, w.q, d, w.dk, d, Init::keep);    // dK += dS^T (scale Q)
         }
@@ -297,17 +298,8 @@ class Kernel {
         const float* vt = rows_f32(in(b_.v) + (bkv * nk + j0) * d, cols, w.v);
         Gemm(cols, BR, di, kt, d, 1, qT, BR, w.s, BR, Init::zero);    // S^T = K (scale Q)^T
         Gemm(cols, BR, di, vt, d, 1, doT, BR, w.dp, BR, Init::zero);  // dP^T = V dO^T
-        if (crosses_diagonal(i0, j0, cols))
-          for (int j = 0; j < cols; ++j)
-            for (int i = 0; i < BR; ++i)
-              if (!causal_allows(i0 + i, j0 + j, n, nk)) w.s[j * BR + i] = -INFINITY;
-        const DF df;
-        const int N = static_cast<int>(hn::Lanes(df));
-        for (int j = 0; j < cols; ++j)
-          for (int i = 0; i < BR; i += N) {
-            const VF p = Exp(df, hn::Sub(hn::LoadU(df, w.s + j * BR + i), hn::LoadU(df, w.lse + i)));
-            hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, w.dp + j * BR + i), hn::LoadU(df, w.delta + i))), df, w.dp + j * BR + i);
-          }
+        MaskTransposed(w.s, i0, j0, cols);
+        for (int j = 0; j < cols; ++j) ProbsAndGrads<true>(w.s + j * BR, w.dp + j * BR, BR, w.lse, w.delta);
         Gemm(rows, di, cols, w.dp, 1, BR, kt, d, w.acc, d, Init::keep);  // dQ += dS K (scaled at the end)
       }
       for (int64_t x = 0; x < rows * d; ++x) out(b_.dq)[(bh * n + i0) * d + x] = from_f32<T>(w.acc[x] * scale_);
@@ -324,6 +316,13 @@ class Kernel {
   int64_t query_begin(int64_t j0) const { return s_.causal ? std::clamp<int64_t>(j0 - (s_.n_kv - s_.n), 0, s_.n) : 0; }
   // The key tile [j0, j0 + cols) has a key that query row i0 (the tile's first) may not see.
   bool crosses_diagonal(int64_t i0, int64_t j0, int cols) const { return s_.causal && j0 + cols - 1 > i0 + (s_.n_kv - s_.n); }
+  // Scores S^T [cols x BR] of query tile i0 against key tile j0: -inf where the causal mask hides the key.
+  void MaskTransposed(float* sT, int64_t i0, int64_t j0, int cols) const {
+    if (!crosses_diagonal(i0, j0, cols)) return;
+    for (int j = 0; j < cols; ++j)
+      for (int i = 0; i < BR; ++i)
+        if (!causal_allows(i0 + i, j0 + j, s_.n, s_.n_kv)) sT[j * BR + i] = -INFINITY;
+  }
   // fp32 rows are read in place; 16-bit ones converted into `buf`.
   const float* rows_f32(const T* src, int rows, float* buf) const {
     if constexpr (std::is_same_v<T, float>) {
