@@ -50,6 +50,8 @@ struct TrainBench : Problem {
   // Gradients of step 0 of each backend's reference implementation (registered first), for the others
   // to compare with.
   mutable std::map<Backend, std::vector<double>> reference_grad;
+  // Validation loss of each backend's reference implementation after training, for the others' ratio.
+  mutable std::map<Backend, double> reference_val;
   // float64 step-0 gradients of LoRA adapters, per adapter configuration (lora_key).
   mutable std::map<std::string, std::vector<double>> lora_oracle;
 
