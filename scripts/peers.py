@@ -14,6 +14,8 @@ passed, real time per call. Implementations (each a `peer` record; cases they do
              torch.ao dynamic quantization, fbgemm's int8 Linear), with cold caches as memtrade times them
   precision  torch-fp32, torch-bf16-autocast: one training step of the same Llama configuration through
              transformers' LlamaForCausalLM (SDPA attention, torch.optim.AdamW), from a fresh model
+  cpu_adam   torch-adamw-fused, torch-adamw-foreach: torch.optim.AdamW's step over the n fp32 parameters;
+             with a 16-bit grad_dtype the gradient widened into fp32 first and the weights narrowed after
 Not covered: the 4- and 8-bit float formats (PyTorch has no CPU kernel for them).
 --against prints memtrade's median time over the peer's for every case both ran. `memtrade report
 results.json peers.json` plots the peers beside memtrade's implementations. PyTorch is an optional
@@ -226,7 +228,41 @@ def train_peers(torch, p, device, dtype_of):
             ("torch-bf16-autocast", step(torch.bfloat16), {"flops": flops})], ""
 
 
-PEERS = {"attention": attention_peers, "gemm": gemm_peers, "quant": quant_peers, "precision": train_peers}
+def adam_peers(torch, p, device, dtype_of):
+    """ZeRO-Offload's host optimizer step: PyTorch's AdamW over one tensor of n fp32 parameters. With a 16-bit
+    grad_dtype the 16-bit gradient is widened into the fp32 one first and the updated weights narrowed into a
+    16-bit copy after: the work memtrade's cpu_adam fuses into one pass."""
+    n, gname = p["n"], p.get("grad_dtype", "fp32")
+    narrow = gname != "fp32"
+    g = torch.Generator(device="cpu").manual_seed(1)
+    param = torch.nn.Parameter(torch.randn(n, generator=g).to(device))
+    param.grad = (torch.randn(n, generator=g) * 1e-3).to(device)
+    g16 = param.grad.to(dtype_of(gname)) if narrow else None
+    w16 = torch.empty(n, dtype=dtype_of(gname), device=device) if narrow else None
+    # bytes moved, counted as memtrade's cpu_adam counts them: master, m and v read and written, the gradient
+    # read and the working weights written, in grad_dtype
+    gb = 2 if narrow else 4
+    moved = n * (3 * 8 + 2 * gb)
+
+    def make(**kw):
+        opt = []
+
+        def call():
+            if not opt:  # built at the first call, so that an unsupported variant is a skipped record
+                opt.append(torch.optim.AdamW([param], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kw))
+            with torch.no_grad():
+                if narrow:
+                    param.grad.copy_(g16)
+                opt[0].step()
+                if narrow:
+                    w16.copy_(param)
+        return call
+    return [("torch-adamw-fused", make(fused=True), {"weight_bytes": moved}),
+            ("torch-adamw-foreach", make(foreach=True), {"weight_bytes": moved})], ""
+
+
+PEERS = {"attention": attention_peers, "gemm": gemm_peers, "quant": quant_peers, "precision": train_peers,
+         "cpu_adam": adam_peers}
 
 
 # ---------------------------------------------------------------- records
