@@ -101,11 +101,14 @@ void Gemm(int m, int n, int k, const float* a, int64_t ars, int64_t aks, const f
   int col = 0;
   for (; col + kCV * N <= n; col += kCV * N) BlockColumn<kCV>(m, k, a, ars, aks, b + col, ldb, c + col, ldc, init, row_scale);
   for (; col + N <= n; col += N) BlockColumn<1>(m, k, a, ars, aks, b + col, ldb, c + col, ldc, init, row_scale);
+  // The last columns one lane at a time, with the vector lanes' multiply-add (a plain `acc += a * b` is
+  // contracted or not as the compiler sees fit at each inlined call site).
+  const hn::CappedTag<float, 1> d1;
   for (; col < n; ++col)
     for (int r = 0; r < m; ++r) {
-      float acc = init == Init::zero ? 0.f : c[r * ldc + col] * (init == Init::scale ? row_scale[r] : 1.f);
-      for (int p = 0; p < k; ++p) acc += a[r * ars + p * aks] * b[p * ldb + col];
-      c[r * ldc + col] = acc;
+      auto acc = hn::Set(d1, init == Init::zero ? 0.f : c[r * ldc + col] * (init == Init::scale ? row_scale[r] : 1.f));
+      for (int p = 0; p < k; ++p) acc = hn::MulAdd(hn::Set(d1, a[r * ars + p * aks]), hn::Set(d1, b[p * ldb + col]), acc);
+      c[r * ldc + col] = hn::GetLane(acc);
     }
 }
 
@@ -233,7 +236,7 @@ class Kernel {
     }
   }
 
-  void backward(const float* lse, float* delta) {
+  void backward(const float* lse, float* delta, BackwardPasses passes) {
     const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, qtiles = (n + BR - 1) / BR, ktiles = (nk + BC - 1) / BC;
     const int di = static_cast<int>(d);
     const T *og = in(b_.o), *dog = in(b_.dout);
@@ -243,39 +246,27 @@ class Kernel {
       for (int64_t x = 0; x < d; ++x) acc += to_f32(dog[r * d + x]) * to_f32(og[r * d + x]);
       delta[r] = acc;
     }
-    // Pass 1: each key tile accumulates dK and dV over its group's query heads and every query tile, in
-    // the row layout S[query][key] (its K^T and V^T loaded once).
+    if (one_pass(passes)) {
+      // One pass: each (batch, KV head) runs its key tiles in order and adds dS K into dQ in place (fp32
+      // outputs), in the order the second pass would: the same bits, without recomputing S and dP.
+      if constexpr (std::is_same_v<T, float>) {
+        const int64_t per_kv = s_.group() * n * d;  // the group's query heads' dQ rows, contiguous
+#pragma omp parallel for schedule(dynamic) num_threads(threads_)
+        for (int64_t bkv = 0; bkv < s_.b * s_.h_kv; ++bkv) {
+          Slot w = slot();
+          float* dq = out(b_.dq) + bkv * per_kv;
+          std::fill_n(dq, per_kv, 0.f);
+          for (int64_t j0 = 0; j0 < nk; j0 += BC) key_tile(w, bkv, j0, lse, delta, dq);
+          for (int64_t x = 0; x < per_kv; ++x) dq[x] *= scale_;
+        }
+        return;
+      }
+    }
+    // Pass 1: each key tile accumulates dK and dV over its group's query heads and every query tile.
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
     for (int64_t item = 0; item < s_.b * s_.h_kv * ktiles; ++item) {
       Slot w = slot();
-      const int64_t bkv = item / ktiles, j0 = (item % ktiles) * BC, b = bkv / s_.h_kv;
-      const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
-      LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT);
-      LoadTransposed(in(b_.v) + (bkv * nk + j0) * d, cols, d, 1.f, w.vT);
-      std::fill_n(w.dk, cols * d, 0.f);
-      std::fill_n(w.dv, cols * d, 0.f);
-      for (int64_t g = 0; g < s_.group(); ++g) {
-        const int64_t bh = b * s_.h + (bkv % s_.h_kv) * s_.group() + g;
-        for (int64_t i0 = query_begin(j0) / BR * BR; i0 < n; i0 += BR) {
-          const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
-          LoadRows(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, w.q);
-          LoadRows(dog + (bh * n + i0) * d, rows, d, 1.f, w.dout);
-          Gemm(rows, BC, di, w.q, d, 1, w.kT, BC, w.s, BC, Init::zero);      // S = (scale Q) K^T
-          Gemm(rows, BC, di, w.dout, d, 1, w.vT, BC, w.dp, BC, Init::zero);  // dP = dO V^T
-          if (cols < BC || crosses_diagonal(i0, j0, cols))
-            for (int i = 0; i < rows; ++i)
-              for (int j = 0; j < BC; ++j)
-                if (j >= cols || (s_.causal && !causal_allows(i0 + i, j0 + j, n, nk))) w.s[i * BC + j] = -INFINITY;
-          for (int i = 0; i < rows; ++i)
-            ProbsAndGrads<false>(w.s + i * BC, w.dp + i * BC, BC, lse + bh * n + i0 + i, delta + bh * n + i0 + i);
-          Gemm(cols, di, rows, w.s, 1, BC, w.dout, d, w.dv, d, Init::keep);  // dV += P^T dO
-          Gemm(cols, di, rows, w.dp, 1, BC, w.q, d, w.dk, d, Init::keep);    // dK += dS^T (scale Q)
-        }
-      }
-      for (int64_t x = 0; x < cols * d; ++x) {
-        out(b_.dk)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dk[x]);
-        out(b_.dv)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dv[x]);
-      }
+      key_tile(w, item / ktiles, (item % ktiles) * BC, lse, delta, nullptr);
     }
     // Pass 2: each query tile accumulates dQ over the key tiles it sees, in the transposed layout
     // S^T[key][query] (its Q^T and dO^T loaded once; K and V read as rows).
@@ -303,6 +294,50 @@ class Kernel {
         Gemm(rows, di, cols, w.dp, 1, BR, kt, d, w.acc, d, Init::keep);  // dQ += dS K (scaled at the end)
       }
       for (int64_t x = 0; x < rows * d; ++x) out(b_.dq)[(bh * n + i0) * d + x] = from_f32<T>(w.acc[x] * scale_);
+    }
+  }
+
+  // Whether the backward runs as one pass (see backward): fp32 only (dQ accumulates in the output), and by
+  // default when every thread has a (batch, KV head) of its own.
+  bool one_pass(BackwardPasses passes) const {
+    if (!std::is_same_v<T, float> || passes == BackwardPasses::two) return false;
+    return passes == BackwardPasses::one || s_.b * s_.h_kv >= threads_;
+  }
+
+  // Key tile j0 of KV head bkv: dK and dV over its group's query heads and every query tile, in the row
+  // layout S[query][key] (K^T and V^T loaded once); with dq (the group's fp32 dQ rows), dQ += dS K too.
+  void key_tile(Slot& w, int64_t bkv, int64_t j0, const float* lse, const float* delta, float* dq) {
+    const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, b = bkv / s_.h_kv;
+    const int di = static_cast<int>(d);
+    const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
+    LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT);
+    LoadTransposed(in(b_.v) + (bkv * nk + j0) * d, cols, d, 1.f, w.vT);
+    const float* kt = dq ? rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k) : nullptr;
+    std::fill_n(w.dk, cols * d, 0.f);
+    std::fill_n(w.dv, cols * d, 0.f);
+    for (int64_t g = 0; g < s_.group(); ++g) {
+      const int64_t bh = b * s_.h + (bkv % s_.h_kv) * s_.group() + g;
+      for (int64_t i0 = query_begin(j0) / BR * BR; i0 < n; i0 += BR) {
+        const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
+        LoadRows(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, w.q);
+        LoadRows(in(b_.dout) + (bh * n + i0) * d, rows, d, 1.f, w.dout);
+        Gemm(rows, BC, di, w.q, d, 1, w.kT, BC, w.s, BC, Init::zero);      // S = (scale Q) K^T
+        Gemm(rows, BC, di, w.dout, d, 1, w.vT, BC, w.dp, BC, Init::zero);  // dP = dO V^T
+        if (cols < BC || crosses_diagonal(i0, j0, cols))
+          for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < BC; ++j)
+              if (j >= cols || (s_.causal && !causal_allows(i0 + i, j0 + j, n, nk))) w.s[i * BC + j] = -INFINITY;
+        for (int i = 0; i < rows; ++i)
+          ProbsAndGrads<false>(w.s + i * BC, w.dp + i * BC, BC, lse + bh * n + i0 + i, delta + bh * n + i0 + i);
+        Gemm(cols, di, rows, w.s, 1, BC, w.dout, d, w.dv, d, Init::keep);  // dV += P^T dO
+        Gemm(cols, di, rows, w.dp, 1, BC, w.q, d, w.dk, d, Init::keep);    // dK += dS^T (scale Q)
+        if (dq)  // dQ += dS K (scaled at the end)
+          Gemm(rows, di, cols, w.dp, BC, 1, kt, d, dq + (g * n + i0) * d, d, Init::keep);
+      }
+    }
+    for (int64_t x = 0; x < cols * d; ++x) {
+      out(b_.dk)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dk[x]);
+      out(b_.dv)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dv[x]);
     }
   }
 
@@ -354,8 +389,8 @@ void Forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, in
 }
 
 void Backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
-              float* delta) {
-  ByDtype(s.dtype, [&](auto tag) { Kernel<decltype(tag)>(s, scale, b, ws, slots).backward(lse, delta); });
+              float* delta, BackwardPasses passes) {
+  ByDtype(s.dtype, [&](auto tag) { Kernel<decltype(tag)>(s, scale, b, ws, slots).backward(lse, delta, passes); });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -372,8 +407,8 @@ void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* 
   HWY_DYNAMIC_DISPATCH(Forward)(s, scale, b, ws, slots, lse);
 }
 void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
-                    const float* lse, float* delta) {
-  HWY_DYNAMIC_DISPATCH(Backward)(s, scale, b, ws, slots, lse, delta);
+                    const float* lse, float* delta, BackwardPasses passes) {
+  HWY_DYNAMIC_DISPATCH(Backward)(s, scale, b, ws, slots, lse, delta, passes);
 }
 
 }  // namespace memtrade::attention::simd

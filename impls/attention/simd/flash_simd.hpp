@@ -15,8 +15,15 @@
 
 namespace memtrade::attention::simd {
 
+// How the backward splits its work. two: pass 1 gives each key tile's dK and dV, pass 2 each query tile's
+// dQ (recomputing S and dP); parallel over tiles. one: each (batch, KV head) runs its key tiles in order
+// and also adds dS K into dQ in the fp32 output, so S and dP are computed once (5 tile products per tile
+// pair instead of 7); parallel over KV heads, fp32 only (16-bit dtypes take two passes). Both give the
+// same bits. automatic: one where it applies and every thread has a KV head of its own.
+enum class BackwardPasses { automatic, one, two };
+
 void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
 void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
-                    const float* lse, float* delta);
+                    const float* lse, float* delta, BackwardPasses passes = BackwardPasses::automatic);
 
 }  // namespace memtrade::attention::simd
