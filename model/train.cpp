@@ -158,9 +158,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
   // 16-bit operands widened in portable SIMD (common/simd/convert.hpp), in chunks over the threads.
   void to_f32_parallel(const S* src, float* dst, int64_t n) const {
-    constexpr int64_t kChunk = 16384;
-#pragma omp parallel for num_threads(threads()) if (n > kChunk)
-    for (int64_t c = 0; c < n; c += kChunk) simd::to_f32(src + c, dst + c, std::min(kChunk, n - c));
+    chunks(n, [&](int64_t lo, int64_t len) { simd::to_f32(src + lo, dst + lo, len); });
   }
 
   // A is [m x k] ([k x m] if ta), B is [k x n] ([n x k] if tb). Result into gemm_out_ (C).
@@ -235,7 +233,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
   // f(lo, len) over [0, n) in chunks of at most width_ elements (a scratch slot), split over the threads.
   template <class F>
-  void chunks(int64_t n, F&& f) {
+  void chunks(int64_t n, F&& f) const {
 #pragma omp parallel for num_threads(threads()) if (n > width_)
     for (int64_t c = 0; c < n; c += width_) f(c, std::min(width_, n - c));
   }

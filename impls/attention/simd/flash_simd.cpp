@@ -246,10 +246,10 @@ class Kernel {
       for (int64_t x = 0; x < d; ++x) acc += to_f32(dog[r * d + x]) * to_f32(og[r * d + x]);
       delta[r] = acc;
     }
-    if (one_pass(passes)) {
+    if constexpr (std::is_same_v<T, float>) {
       // One pass: each (batch, KV head) runs its key tiles in order and adds dS K into dQ in place (fp32
       // outputs), in the order the second pass would: the same bits, without recomputing S and dP.
-      if constexpr (std::is_same_v<T, float>) {
+      if (one_pass(passes)) {
         const int64_t per_kv = s_.group() * n * d;  // the group's query heads' dQ rows, contiguous
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
         for (int64_t bkv = 0; bkv < s_.b * s_.h_kv; ++bkv) {
@@ -297,11 +297,11 @@ class Kernel {
     }
   }
 
-  // Whether the backward runs as one pass (see backward): fp32 only (dQ accumulates in the output), and by
-  // default when every thread has a (batch, KV head) of its own.
+  // Whether an fp32 backward runs as one pass (see backward): by default when every thread has a (batch,
+  // KV head) of its own.
   bool one_pass(BackwardPasses passes) const {
-    if (!std::is_same_v<T, float> || passes == BackwardPasses::two) return false;
-    return passes == BackwardPasses::one || s_.b * s_.h_kv >= threads_;
+    if (passes != BackwardPasses::automatic) return passes == BackwardPasses::one;
+    return s_.b * s_.h_kv >= threads_;
   }
 
   // Key tile j0 of KV head bkv: dK and dV over its group's query heads and every query tile, in the row
