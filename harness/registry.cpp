@@ -70,7 +70,9 @@ Verdict judge_error(const Technique& t, const Case& c, const Problem& p, const I
     std::snprintf(buf, sizeof buf, "reference rel_l2_err %.3e vs bound %.3e", err.rel_l2, bound);
     return {err.rel_l2 <= bound, buf};
   }
-  return within_tolerance(err, ref, t.error_rule.tol);
+  Tolerance tol = t.error_rule.tol;
+  if (t.error_rule.approximation) tol.abs_floor += t.error_rule.approximation(c, p, impl);
+  return within_tolerance(err, ref, tol);
 }
 
 void check_case(const Technique& t, const Case& c, const std::string& where) {

@@ -119,6 +119,10 @@ using ClaimCheck = std::function<ClaimResult(const ClaimSpec&, const std::vector
 struct ErrorRule {
   Tolerance tol;
   std::function<double(const Case&, const Problem&)> reference_bound;
+  // For an implementation that computes something other than the reference by design (quant's
+  // packed-a16 rounds the activations to int16): the most that approximation can move an output (max
+  // abs), derived per case, added to the tolerance's floor. Unset or 0: no allowance.
+  std::function<double(const Case&, const Problem&, const Impl&)> approximation;
   std::function<Verdict(const Case&, const Problem&, const Impl&, const ErrorStats& err, const ErrorStats& ref)> judge;
 };
 

@@ -5,6 +5,7 @@
 
 #include "common/common.hpp"
 #include "harness/metrics.hpp"
+#include "harness/registry.hpp"
 
 using namespace memtrade;
 
@@ -86,4 +87,26 @@ TEST(Metrics, AllCloseReportsTheFirstFailingIndex) {
   EXPECT_FALSE(v.pass);
   EXPECT_NE(v.why.find("index 1"), std::string::npos) << v.why;
   EXPECT_TRUE(all_close(x, r, 0.5, 0).pass);
+}
+
+TEST(Metrics, ApproximationAllowanceWidensTheFloorOfItsImplementationOnly) {
+  Technique t;
+  t.error_rule.approximation = [](const Case&, const Problem&, const Impl& i) { return i.name == "approx" ? 1e-3 : 0.0; };
+  Impl approx, other;
+  approx.name = "approx";
+  approx.role = other.role = Role::optimized;
+  other.name = "other";
+  const Case c;
+  const Problem p;
+  ErrorStats ref;
+  ref.max_abs = 1e-3;
+  ErrorStats opt;
+  opt.max_abs = 2e-3 + 1e-5 + 0.9e-3;  // beyond the tolerance, inside tolerance + allowance
+  EXPECT_TRUE(judge_error(t, c, p, approx, opt, ref).pass);
+  EXPECT_FALSE(judge_error(t, c, p, other, opt, ref).pass);
+  opt.max_abs = 2e-3 + 1e-5 + 1.1e-3;
+  EXPECT_FALSE(judge_error(t, c, p, approx, opt, ref).pass);
+  opt.max_abs = 0;
+  opt.nan_count = 1;  // NaN fails whatever the allowance
+  EXPECT_FALSE(judge_error(t, c, p, approx, opt, ref).pass);
 }

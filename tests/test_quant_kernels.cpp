@@ -26,6 +26,7 @@
 
 #include "datasets/random.hpp"
 #include "impls/quant/formats.hpp"
+#include "impls/quant/simd/matvec_a16.hpp"
 #include "simd_targets.hpp"
 
 using namespace memtrade;
@@ -203,4 +204,123 @@ TEST(QuantKernels, BadArguments) {
   EXPECT_THROW(matmul_cpu(L, blob.data(), x, 1, y, nullptr), Error);
   EXPECT_THROW(matmul_reference(L, blob.data(), x, 0, y), Error);
   EXPECT_THROW(matvec_dense_f32(x, x, y, 0, 2), Error);
+}
+
+// ------------------------------------------------------------------ the integer-activation matvec
+//
+// matvec_a16 computes sum_k Wd_k x^_k with x^ = quantize_activations_a16(x): int32 sums of the codes
+// inside each block (exact), then fp32: one product and one addition per block, group and the zero-point
+// correction. With q the stored codes and z the zero point, every fp32 term is at most
+// |s (|q_k| + |z|) x^_k| <= (|Wd_k| + 2 s |z|) |x^_k| summed, so |y - sum_k Wd_k x^_k| <= gamma(K + 16) S_a16,
+// S_a16 = sum_k (|Wd_k| + 2 s_g(k) |z_g(k)|) |x^_k| (fewer than K + 16 roundings reach any output).
+// Against the unquantized x the activation rounding adds at most a16_activation_bound's figure.
+
+namespace {
+
+const char* a16_specs[] = {"int8", "int4-g32", "int4-g128", "int4-asym-g64", "int4-asym-g96"};
+
+double a16_bound(const QLayout& L, const uint8_t* blob, const std::vector<float>& Wd, const std::vector<double>& xh,
+                 int64_t r) {
+  const int64_t K = L.cols;
+  double S = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const GroupParams p = stored_params(L, blob, r, L.spec.format == Format::int8 ? 0 : k / L.group);
+    S += (std::fabs(static_cast<double>(Wd[r * K + k])) + 2.0 * std::fabs(p.scale * p.zero)) * std::fabs(xh[k]);
+  }
+  const double g = static_cast<double>(K + 16) * (FLT_EPSILON / 2);
+  return g / (1 - g) * S + 1e-30;
+}
+
+}  // namespace
+
+TEST(QuantA16, MatchesItsFloat64SemanticsOnEveryTarget) {
+  for_each_simd_target([](int64_t) {
+    uint64_t seed = 900;
+    for (const char* name : a16_specs)
+      for (const Shape sh : shapes) {
+        const QLayout L = layout(parse_spec(name), sh.N, sh.K);
+        ASSERT_EQ(a16_unsupported(L), "") << name;
+        const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
+        std::vector<float> x = normal_vec(sh.K, ++seed);
+        if (sh.K > 40) x[sh.K / 3] *= 60.f;  // an outlier channel, as in LLM activations
+        std::vector<uint8_t> blob(L.total_bytes());
+        quantize(L, W.data(), blob.data());
+        std::vector<float> Wd(W.size());
+        dequantize(L, blob.data(), Wd.data());
+        const A16Activations a = quantize_activations_a16(x.data(), sh.K);
+        std::vector<double> xh(sh.K);
+        for (int64_t k = 0; k < sh.K; ++k) xh[k] = static_cast<double>(a.scale[k / kA16Block]) * a.q[k];
+        const std::vector<double> act = a16_activation_bound(a, Wd.data(), sh.N, sh.K);
+        std::vector<char> ws(a16_workspace_bytes(sh.K));
+        std::vector<float> y(sh.N, NAN);
+        matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
+        for (int64_t r = 0; r < sh.N; ++r) {
+          double d = 0, dx = 0;
+          for (int64_t k = 0; k < sh.K; ++k) {
+            d += static_cast<double>(Wd[r * sh.K + k]) * xh[k];
+            dx += static_cast<double>(Wd[r * sh.K + k]) * x[k];
+          }
+          const double arith = a16_bound(L, blob.data(), Wd, xh, r);
+          ASSERT_LE(std::fabs(y[r] - d), arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
+          ASSERT_LE(std::fabs(y[r] - dx), act[r] + arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
+        }
+      }
+  });
+}
+
+TEST(QuantA16, ActivationCodesAndTheirError) {
+  // A block's largest magnitude is +-32767 codes; an all-zero block has scale 0; a block with a NaN or an
+  // infinity has a NaN scale (its outputs are NaN); a block whose step falls below the normal floats is
+  // flushed to zero with its amax as the error bound; the rest err by at most 0.504 steps.
+  std::vector<float> x(32 * 5, 0.f);
+  for (int64_t i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 12) * 0.25f;  // block 0: amax 4.75 at i = 31
+  x[64 + 3] = NAN;                                                               // block 2
+  x[96 + 1] = 1e-36f;                                                            // block 3: step < FLT_MIN
+  x[128] = -2.f;                                                                 // block 4 (amax 2)
+  x[129] = 1.f;
+  const A16Activations a = quantize_activations_a16(x.data(), static_cast<int64_t>(x.size()));
+  ASSERT_EQ(a.scale.size(), 5u);
+  EXPECT_EQ(a.scale[0], static_cast<float>(4.75 / 32767.0));
+  EXPECT_EQ(a.q[31], 32767);
+  EXPECT_EQ(a.q[12], 0);
+  EXPECT_EQ(a.scale[1], 0.f);
+  EXPECT_EQ(a.max_err[1], 0.0);
+  EXPECT_TRUE(std::isnan(a.scale[2]));
+  EXPECT_EQ(a.scale[3], 0.f);
+  EXPECT_EQ(a.q[97], 0);
+  EXPECT_EQ(a.max_err[3], static_cast<double>(1e-36f));
+  EXPECT_EQ(a.q[128], -32767);
+  EXPECT_EQ(a.q[129], 16384);  // 0.5 x 32767 = 16383.5, rounded to even
+  const std::vector<float> r = normal_vec(100003, 5, 3.0);
+  const A16Activations b = quantize_activations_a16(r.data(), static_cast<int64_t>(r.size()));
+  for (std::size_t k = 0; k < r.size(); ++k)
+    ASSERT_LE(std::fabs(r[k] - static_cast<double>(b.scale[k / kA16Block]) * b.q[k]), b.max_err[k / kA16Block]) << k;
+
+  // The NaN reaches the outputs, on every target.
+  for_each_simd_target([&](int64_t) {
+    const QLayout L = layout(parse_spec("int4-g32"), 3, static_cast<int64_t>(x.size()));
+    const std::vector<float> W = normal_vec(3 * static_cast<int64_t>(x.size()), 6);
+    std::vector<uint8_t> blob(L.total_bytes());
+    quantize(L, W.data(), blob.data());
+    std::vector<char> ws(a16_workspace_bytes(L.cols));
+    std::vector<float> y(3);
+    matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
+    for (float v : y) EXPECT_TRUE(std::isnan(v));
+  });
+}
+
+TEST(QuantA16, FormatsWithoutIntegerCodesAreNamed) {
+  for (const char* name : {"nf4", "fp8-e4m3", "int4-g16", "int4-asym-g33"}) {
+    const QLayout L = layout(parse_spec(name), 4, 64);
+    EXPECT_NE(a16_unsupported(L), "") << name;
+    std::vector<uint8_t> blob(L.total_bytes());
+    std::vector<float> x(64, 1.f), y(4);
+    std::vector<char> ws(a16_workspace_bytes(64));
+    try {
+      matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("matvec_a16"), std::string::npos) << e.what();
+    }
+  }
 }

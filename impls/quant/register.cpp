@@ -10,12 +10,15 @@
 //
 // Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
 // (packed codes read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on
-// dequantized panels) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
+// dequantized panels), `packed-a16` on the CPU (int8 / int4 matvec with the activations rounded to int16
+// per block of 32 and integer multiply-adds: simd/matvec_a16.hpp; judged with the derived bound on what
+// that rounding can move) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
 // Counters: weight_bytes (codes + scales + zero points, the exact blob), bits_per_weight, output error
 // against the float64 product with the ORIGINAL weights (rel_l2_err: quantization + arithmetic), the
 // weight reconstruction error (weight_rel_l2_err), the layer-output MSE on the calibration rows and on
 // held-out rows (GPTQ and AWQ scored out of sample), GB/s over the
 // weight bytes and the fraction of the machine's copy bandwidth.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -26,6 +29,7 @@
 #include "impls/quant/calibration.hpp"
 #include "impls/quant/matvec.hpp"
 #include "impls/quant/quantizers.hpp"
+#include "impls/quant/simd/matvec_a16.hpp"
 
 namespace memtrade::quant {
 
@@ -68,6 +72,7 @@ struct QuantProblem final : Problem {
   std::vector<uint8_t> blob;            // the quantized weights
   std::vector<bf16_t> w_bf16;
   double weight_rel_l2 = 0, calib_mse = 0, heldout_mse = 0, awq_ratio = 0;
+  double a16_max_shift = 0;  // packed-a16: the most its int16 activations can move an output
 };
 
 std::unique_ptr<Problem> prepare(const Case& c) {
@@ -117,12 +122,19 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   p->weight_rel_l2 = std::sqrt(num / den);
   p->calib_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, X.data(), n_calib);
   p->heldout_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, held.data(), n_held);
+  if (q.m == 1 && a16_unsupported(p->L).empty()) {
+    std::vector<float> wd(p->w.size());
+    dequantize(p->L, p->blob.data(), wd.data());
+    const auto shift = a16_activation_bound(quantize_activations_a16(p->x.data(), q.k), wd.data(), q.n, q.k);
+    p->a16_max_shift = *std::max_element(shift.begin(), shift.end());
+  }
   return p;
 }
 
 class QuantWorkload final : public Workload {
  public:
-  QuantWorkload(const QuantProblem& p, Device& dev, bool optimized) : p_(p), dev_(dev), optimized_(optimized) {
+  QuantWorkload(const QuantProblem& p, Device& dev, bool optimized, bool a16)
+      : p_(p), dev_(dev), optimized_(optimized), a16_(a16) {
     const QuantCase& q = p.q;
     auto& pool = dev.memory();
     if (q.dense) {
@@ -151,6 +163,9 @@ class QuantWorkload final : public Workload {
     const uint8_t* blob = w_.as<uint8_t>();
     if (dev_.backend() == Backend::cuda) {
       matvec_cuda(p_.L, blob, x, y, dev_);
+    } else if (a16_) {
+      Buffer ws(dev_.memory(), a16_workspace_bytes(q.k), Tag::workspace);
+      matvec_a16(p_.L, blob, x, y, ws.data());
     } else if (!optimized_) {
       if (q.m == 1) matvec_reference(p_.L, blob, x, y);
       else matmul_reference(p_.L, blob, x, q.m, y);
@@ -181,6 +196,7 @@ class QuantWorkload final : public Workload {
   std::string detail() override {
     if (dev_.backend() != Backend::cpu || !optimized_) return {};
     if (p_.q.dense || p_.q.m > 1) return "simd " + memtrade::simd::target_name();
+    if (a16_) return "kernel a16-hwy-" + memtrade::simd::target_name();
     return "kernel " + matvec_cpu_path(p_.L);
   }
 
@@ -199,7 +215,7 @@ class QuantWorkload final : public Workload {
  private:
   const QuantProblem& p_;
   Device& dev_;
-  const bool optimized_;
+  const bool optimized_, a16_;
   Buffer w_, x_, y_;
 };
 
@@ -277,12 +293,25 @@ void register_technique(Registry& r) {
     if (p.q.dense) return 8 * unit_roundoff(p.q.dense_dtype);
     return 3 * p.weight_rel_l2 + 8 * unit_roundoff(DType::f32);
   };
+  // packed-a16 multiplies int16-rounded activations: its outputs may move by up to the derived
+  // a16_activation_bound (max over rows) on top of the packed path's allowance.
+  t.error_rule.approximation = [](const Case&, const Problem& prob, const Impl& impl) {
+    return impl.name == "packed-a16" ? problem_as<QuantProblem>(prob).a16_max_shift : 0.0;
+  };
   t.prepare = prepare;
   auto add = [&](const char* name, Role role, const char* desc, bool optimized, Backend be = Backend::cpu) {
-    Impl i = typed_impl<QuantProblem>(t.name, name, role, be, desc, [optimized](const QuantProblem& prob, Device& dev) {
-      return std::make_unique<QuantWorkload>(prob, dev, optimized);
+    const bool a16 = std::string(name) == "packed-a16";
+    Impl i = typed_impl<QuantProblem>(t.name, name, role, be, desc, [optimized, a16](const QuantProblem& prob, Device& dev) {
+      return std::make_unique<QuantWorkload>(prob, dev, optimized, a16);
     });
-    if (be == Backend::cuda)
+    if (a16)
+      i.not_applicable = [](const Case& c) {
+        const QuantCase q = read_case(c);
+        if (q.dense) return std::string("the dense baselines have one implementation (cpu)");
+        if (q.m > 1) return std::string("the integer-activation kernel is a matvec (m = 1)");
+        return a16_unsupported(layout(q.spec, q.n, q.k));
+      };
+    else if (be == Backend::cuda)
       i.not_applicable = [](const Case& c) {
         const std::string f = c.text("format");
         if (f == "fp32" || f == "bf16") return std::string("no dense CUDA baseline in this suite yet");
@@ -298,6 +327,8 @@ void register_technique(Registry& r) {
   };
   add("reference", Role::reference, "dequantize each weight, float64 accumulation", false);
   add("packed", Role::optimized, "packed codes decoded in registers (AVX-512, OpenMP); matmul via OpenBLAS panels", true);
+  add("packed-a16", Role::optimized,
+      "int8 / int4 codes times int16-quantized activations (per 32), exact int32 pairwise products (Highway)", true);
   add("packed", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
       Backend::cuda);
   t.claims["int4-7b"] = check_int4_7b;

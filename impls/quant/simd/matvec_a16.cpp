@@ -1,0 +1,256 @@
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "impls/quant/simd/matvec_a16.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/common.hpp"
+#include "impls/quant/simd/matvec_a16.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::quant::a16 {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// At most 16 int16 lanes (256 bits): one vector holds the even or the odd half of a 32-element block,
+// the unit the activation codes are laid out in; AVX-512 runs the 256-bit form.
+using D16 = hn::CappedTag<int16_t, 16>;
+using D32 = hn::RepartitionToWide<D16>;
+using DF = hn::Rebind<float, D32>;
+using VF = hn::Vec<DF>;
+using V32 = hn::Vec<D32>;
+
+// One software prefetch per cache line this far down a row's codes (rows are contiguous), as in the
+// float path (matvec_simd.cpp).
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Lanes of D16 at compile time on every fixed-width target, so the loops over a block unroll.
+constexpr int64_t kV = static_cast<int64_t>(hn::MaxLanes(D16()));
+static_assert(kA16Block / 2 % kV == 0, "a vector must tile half a block");
+
+// Pairwise int16 products of `w` and the activation codes at `xq`, added to s0 / s1.
+HWY_INLINE void dot_pairs(hn::Vec<D16> w, const int16_t* xq, V32& s0, V32& s1) {
+  s0 = hn::ReorderWidenMulAccumulate(D32(), w, hn::LoadU(D16(), xq), s0, s1);
+}
+
+// One block of 4-bit codes (16 bytes) against its activation codes: the exact int32 lanes of
+// sum_k q_k x^_k as floats (the codes q unsigned; the zero point is subtracted per group, see MatvecA16T).
+// Code byte i holds elements 2i (low nibble) and 2i + 1 (high nibble); the activation codes are laid out
+// evens first, odds after (matvec_a16).
+HWY_INLINE VF block4(const uint8_t* codes, const int16_t* xq) {
+  const D16 d16;
+  const hn::Rebind<uint8_t, D16> du8;
+  V32 s0 = hn::Zero(D32()), s1 = hn::Zero(D32());
+  for (int64_t h = 0; h < kA16Block / 2; h += kV) {
+    const auto c = hn::PromoteTo(d16, hn::LoadU(du8, codes + h));
+    dot_pairs(hn::And(c, hn::Set(d16, 0x0F)), xq + h, s0, s1);
+    dot_pairs(hn::ShiftRight<4>(c), xq + kA16Block / 2 + h, s0, s1);
+  }
+  return hn::ConvertTo(DF(), hn::RearrangeToOddPlusEven(s0, s1));
+}
+
+// One block of int8 codes (32 bytes), the same way (natural order).
+HWY_INLINE VF block8(const int8_t* codes, const int16_t* xq) {
+  const hn::Rebind<int8_t, D16> d8;
+  V32 s0 = hn::Zero(D32()), s1 = hn::Zero(D32());
+  for (int64_t h = 0; h < kA16Block; h += kV) dot_pairs(hn::PromoteTo(D16(), hn::LoadU(d8, codes + h)), xq + h, s0, s1);
+  return hn::ConvertTo(DF(), hn::RearrangeToOddPlusEven(s0, s1));
+}
+
+// sum_b xs[b] * block(b) over the blocks [b0, b1) of one row, two blocks per step (two fma chains) with
+// one software prefetch per step.
+template <Format F>
+HWY_INLINE VF blocks(const uint8_t* HWY_RESTRICT row, const int16_t* HWY_RESTRICT xq, const float* HWY_RESTRICT xs,
+                     int64_t b0, int64_t b1) {
+  constexpr int64_t kBytes = F == Format::int8 ? kA16Block : kA16Block / 2;  // code bytes per block
+  const DF df;
+  auto block = [&](int64_t b) {
+    if constexpr (F == Format::int8) return block8(reinterpret_cast<const int8_t*>(row) + b * kBytes, xq + b * kA16Block);
+    else return block4(row + b * kBytes, xq + b * kA16Block);
+  };
+  VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+  int64_t b = b0;
+  for (; b + 2 <= b1; b += 2) {
+    hwy::Prefetch(row + b * kBytes + kPrefetchBytes);
+    a0 = hn::MulAdd(block(b), hn::Set(df, xs[b]), a0);
+    a1 = hn::MulAdd(block(b + 1), hn::Set(df, xs[b + 1]), a1);
+  }
+  if (b < b1) a0 = hn::MulAdd(block(b), hn::Set(df, xs[b]), a0);
+  return hn::Add(a0, a1);
+}
+
+// An fp16 scale as float (F16C's conversion where the target has it).
+HWY_INLINE float f16_scale(const uint8_t* p) {
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh;
+  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
+// y_r = sum_g s_g (sum_{b in g} xs_b sum_{k in b} q_k x^_k - z_g cs_g), cs_g = sum_{k in g} x^_k (the
+// zero point applied once per group, in float); int8 has one group per row and z = 0.
+template <Format F>
+void MatvecA16T(const QLayout& L, const uint8_t* blob, const int16_t* xq, const float* xs, const float* cs, float* y) {
+  const DF df;
+  const int64_t N = L.rows, K = L.cols, G = L.group, full = K / kA16Block;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t r = 0; r < N; ++r) {
+    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+    float tail = 0.f;  // the short last block (natural order) in int32, then scaled
+    float out = 0.f;
+    if constexpr (F == Format::int8) {
+      const float scale = f16_scale(blob + L.scales.offset + 2 * r);
+      int32_t t = 0;
+      for (int64_t k = full * kA16Block; k < K; ++k) t += static_cast<int8_t>(row[k]) * xq[k];
+      if (full * kA16Block < K) tail = xs[full] * static_cast<float>(t);
+      out = scale * (hn::GetLane(hn::SumOfLanes(df, blocks<F>(row, xq, xs, 0, full))) + tail);
+    } else {
+      VF acc = hn::Zero(df);
+      float corr = 0.f;
+      const uint8_t* scales = blob + L.scales.offset + 2 * r * L.groups_per_row;
+      for (int64_t g = 0; g < L.groups_per_row; ++g) {
+        const float s = f16_scale(scales + 2 * g);
+        float z = 8.f;
+        if constexpr (F == Format::int4_asym) z = static_cast<float>(nibble(blob + L.zeros.offset + r * L.zero_row_bytes, g));
+        acc = hn::MulAdd(blocks<F>(row, xq, xs, g * G / kA16Block, std::min(full, (g + 1) * G / kA16Block)), hn::Set(df, s), acc);
+        corr += s * z * cs[g];
+        if ((g + 1) * G >= K && full * kA16Block < K) {
+          int32_t t = 0;
+          for (int64_t k = full * kA16Block; k < K; ++k) t += nibble(row, k) * xq[k];
+          tail = s * xs[full] * static_cast<float>(t);
+        }
+      }
+      out = hn::GetLane(hn::SumOfLanes(df, acc)) + tail - corr;
+    }
+    y[r] = out;
+  }
+}
+
+void MatvecA16(const QLayout& L, const uint8_t* blob, const int16_t* xq, const float* xs, const float* cs, float* y) {
+  switch (L.spec.format) {
+    case Format::int8: return MatvecA16T<Format::int8>(L, blob, xq, xs, cs, y);
+    case Format::int4: return MatvecA16T<Format::int4>(L, blob, xq, xs, cs, y);
+    case Format::int4_asym: return MatvecA16T<Format::int4_asym>(L, blob, xq, xs, cs, y);
+    default: return;  // a16_unsupported() rejected it before dispatch
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::quant::a16
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace memtrade::quant {
+namespace a16 {
+HWY_EXPORT(MatvecA16);
+
+// One block's codes and scale (see A16Activations). Returns the most |x_k - x^_k| can be.
+double quantize_block(const float* x, int64_t n, int16_t* q, float& scale) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  std::fill(q, q + n, int16_t{0});
+  if (!finite) {
+    scale = std::numeric_limits<float>::quiet_NaN();
+    return 0;
+  }
+  scale = static_cast<float>(static_cast<double>(amax) / 32767.0);
+  if (!(scale >= std::numeric_limits<float>::min())) {  // zero, or a step below the normal range: flushed
+    scale = 0.f;
+    return amax;
+  }
+  const double inv = 1.0 / scale;
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = static_cast<int16_t>(std::clamp(std::nearbyint(x[i] * inv), -32767.0, 32767.0));
+  return 0.504 * scale;
+}
+
+bool four_bit_order(const QLayout& L) { return L.spec.format != Format::int8; }
+
+}  // namespace a16
+
+std::string a16_unsupported(const QLayout& L) {
+  switch (L.spec.format) {
+    case Format::int8: return {};
+    case Format::int4:
+    case Format::int4_asym:
+      if (L.group % kA16Block != 0 && L.groups_per_row > 1)  // one group per row: any length
+        return "the integer path needs groups of a multiple of " + std::to_string(kA16Block) + " (got " +
+               std::to_string(L.group) + ")";
+      return {};
+    default: return std::string(format_name(L.spec.format)) + " codes are not integers (the integer path takes int8 and int4)";
+  }
+}
+
+A16Activations quantize_activations_a16(const float* x, int64_t K) {
+  MT_CHECK(K > 0, "quantize_activations_a16: K must be > 0");
+  A16Activations a;
+  a.q.resize(static_cast<std::size_t>(K));
+  for (int64_t k0 = 0; k0 < K; k0 += kA16Block) {
+    float s = 0.f;
+    a.max_err.push_back(a16::quantize_block(x + k0, std::min(kA16Block, K - k0), a.q.data() + k0, s));
+    a.scale.push_back(s);
+  }
+  return a;
+}
+
+std::vector<double> a16_activation_bound(const A16Activations& a, const float* Wd, int64_t N, int64_t K) {
+  MT_CHECK(static_cast<int64_t>(a.q.size()) == K, "a16_activation_bound: activations of another length");
+  std::vector<double> bound(static_cast<std::size_t>(N), 0.0);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t k = 0; k < K; ++k) bound[r] += a.max_err[k / kA16Block] * std::fabs(static_cast<double>(Wd[r * K + k]));
+  return bound;
+}
+
+std::size_t a16_workspace_bytes(int64_t K) {
+  const int64_t blocks = (K + kA16Block - 1) / kA16Block;
+  // codes, block scales, per-group sums (at most one group per block)
+  return static_cast<std::size_t>(blocks * kA16Block) * sizeof(int16_t) + 2 * static_cast<std::size_t>(blocks) * sizeof(float);
+}
+
+void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y, void* workspace) {
+  if (const std::string why = a16_unsupported(L); !why.empty()) throw Error("matvec_a16: " + why);
+  MT_CHECK(L.rows > 0 && L.cols > 0 && blob && x && y && workspace, "matvec_a16: empty layout or null pointer");
+  const int64_t K = L.cols, blocks = (K + kA16Block - 1) / kA16Block;
+  auto* xq = static_cast<int16_t*>(workspace);
+  auto* xs = reinterpret_cast<float*>(xq + blocks * kA16Block);
+  float* cs = xs + blocks;
+  const int64_t G = L.spec.format == Format::int8 ? K : L.group, groups = (K + G - 1) / G;
+  std::fill(cs, cs + groups, 0.f);
+  double group_sum = 0;  // sum of x^ over the current group, in float64 (exact: at most K x 2^15 x scale)
+  int16_t q[kA16Block];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t k0 = b * kA16Block, n = std::min(kA16Block, K - k0);
+    a16::quantize_block(x + k0, n, q, xs[b]);
+    int16_t* out = xq + k0;
+    if (n == kA16Block && a16::four_bit_order(L)) {  // evens, then odds: the nibbles' order in code bytes
+      for (int64_t i = 0; i < kA16Block / 2; ++i) {
+        out[i] = q[2 * i];
+        out[kA16Block / 2 + i] = q[2 * i + 1];
+      }
+    } else {
+      std::copy(q, q + n, out);
+      std::fill(out + n, out + kA16Block, int16_t{0});
+    }
+    int64_t qsum = 0;
+    for (int64_t i = 0; i < n; ++i) qsum += q[i];
+    group_sum += static_cast<double>(xs[b]) * static_cast<double>(qsum);
+    if ((k0 + n) % G == 0 || k0 + n == K) {  // the block ends a group (G is a multiple of the block)
+      cs[k0 / G] = static_cast<float>(group_sum);
+      group_sum = 0;
+    }
+  }
+  HWY_DYNAMIC_DISPATCH(a16::MatvecA16)(L, blob, xq, xs, cs, y);
+}
+
+}  // namespace memtrade::quant
+#endif

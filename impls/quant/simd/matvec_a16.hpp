@@ -1,0 +1,58 @@
+// The integer-activation matvec (`packed-a16`): y = deq(W) x^ with x^ the activations quantized to int16
+// per block of 32 elements (scale = amax / 32767 of the block, codes rounded to nearest). The weight
+// codes are widened to int16 in registers and multiplied pairwise into exact int32 sums (x86 vpmaddwd,
+// Highway's ReorderWidenMulAccumulate), so a 4-bit weight costs a mask or a shift and half a multiply-add
+// instead of a float decode and an fma; the sum of a block becomes a float once and takes the block's
+// scale, the group's sum its scale, and the zero point comes off once per group (z times the group's
+// activation sum, computed once per call). Only formats whose codes are integers take
+// it: int8 (per channel) and int4 / int4-asym with groups a multiple of 32 or one group per row (nf4 and
+// fp8 codes are not integers). This is the W4A16 variant of llama.cpp's W4A8 dot products: 16-bit
+// activation codes keep the activation error 256 times below 8-bit ones, for twice the multiply-adds
+// (vpmaddwd takes 16 int16 pairs per 256 bits where vpmaddubsw takes 32 byte pairs; Highway 1.0 has no
+// portable form of the latter). The error is bounded per case: |x_k - x^_k| <= 0.504 s_b (half a step,
+// plus the rounding of x / s_b), so each output moves by at most sum_k 0.504 s_b(k) |w_k|
+// (a16_activation_bound).
+//
+// Accumulation: exact int32 inside a block (|code| <= 15 (4-bit) or 127 (int8), |x^| <= 32767); the
+// block's lanes become floats (exactly where a lane's sum stays below 2^24: every 4-bit block, int8 on
+// 256-bit vectors; rounded once otherwise) and are summed in fp32 across blocks, lanes and groups.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "impls/quant/formats.hpp"
+
+namespace memtrade::quant {
+
+inline constexpr int64_t kA16Block = 32;
+
+// Why the integer path cannot take this layout, or "" when it can.
+std::string a16_unsupported(const QLayout& L);
+
+// x quantized as the kernel does it: q[k] (natural order) and one scale per block of kA16Block (the last
+// block may be shorter); x^_k = scale[k / kA16Block] * q[k]. An all-zero block has scale 0; a NaN or an
+// infinity makes its block's scale NaN, so the outputs it reaches are NaN, never a silent number.
+struct A16Activations {
+  std::vector<int16_t> q;
+  std::vector<float> scale;
+  std::vector<double> max_err;  // per block, the most |x_k - x^_k| can be: 0.504 scale, or the block's amax
+                                // where its step would fall below the normal floats (flushed to 0)
+};
+A16Activations quantize_activations_a16(const float* x, int64_t K);
+
+// Per output row, the most the activation rounding can move y: sum_k max_err[k / 32] |Wd[r, k]|,
+// with Wd the dequantized weights [N x K] (row-major).
+std::vector<double> a16_activation_bound(const A16Activations& a, const float* Wd, int64_t N, int64_t K);
+
+// Bytes of workspace matvec_a16 needs for K columns (the int16 codes in the kernel's order and the
+// block scales); the caller allocates it (any alignment of a float).
+std::size_t a16_workspace_bytes(int64_t K);
+
+// y[N] = deq(W) x^ (see above), OpenMP over rows, SIMD target chosen at run time. memtrade::Error when
+// a16_unsupported(L) is not empty.
+void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y, void* workspace);
+
+}  // namespace memtrade::quant
