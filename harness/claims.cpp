@@ -1,7 +1,10 @@
 #include "harness/claims.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+
+#include "harness/stats.hpp"
 
 namespace memtrade {
 
@@ -63,6 +66,11 @@ std::string combine_verdicts(const std::vector<std::string>& vs) {
   if (rep == static_cast<int>(vs.size())) return "reproduced";
   if (not_rep > 0) return "not_reproduced";
   return "inconclusive";
+}
+
+TimeRatio time_ratio(const Record& num, const Record& den, double noise) {
+  const double ratio = stats::median(num.times_s) / stats::median(den.times_s);
+  return {ratio, ratio * std::max(noise, std::hypot(stats::cv(num.times_s), stats::cv(den.times_s)))};
 }
 
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl) {

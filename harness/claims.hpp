@@ -42,4 +42,12 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0);
 // The ok record of implementation `impl` for the same case and backend as `like`, or null.
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl);
 
+// A time ratio of two records of one run (medians of their repetitions) and its uncertainty: the larger
+// of `noise` (the run-to-run allowance) and the repetitions' combined coefficient of variation, times
+// the ratio.
+struct TimeRatio {
+  double ratio = 0, u = 0;
+};
+TimeRatio time_ratio(const Record& num, const Record& den, double noise);
+
 }  // namespace memtrade

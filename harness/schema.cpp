@@ -222,4 +222,16 @@ const std::vector<Metric>& harness_metrics() {
   return m;
 }
 
+std::vector<Metric> modelled_link_metrics(const std::string& what) {
+  return {{"offload_modelled_pcie4_s", "s", Better::lower, Gate::report, 0, 0,
+           "MODELLED: " + what + " at 25 GB/s (PCIe 4 x16), not measured"},
+          {"offload_modelled_pcie5_s", "s", Better::lower, Gate::report, 0, 0,
+           "MODELLED: " + what + " at 50 GB/s (PCIe 5 x16), not measured"}};
+}
+
+void add_modelled_link_time(std::map<std::string, double>& counters, double bytes) {
+  counters["offload_modelled_pcie4_s"] = bytes / kPcie4BytesPerS;
+  counters["offload_modelled_pcie5_s"] = bytes / kPcie5BytesPerS;
+}
+
 }  // namespace memtrade

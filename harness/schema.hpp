@@ -10,6 +10,7 @@
 // a technique declares only its own.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -83,6 +84,13 @@ struct Schema {
   // `where` names the source ("suite file F, profile P"); errors name the key and suggest the nearest.
   void check(const Json& params, const std::string& where) const;
 };
+
+// Copies between a device and its host where no link is measured (the CPU backend: one memory): the
+// bytes' time at PCIe 4 x16 (25 GB/s) and PCIe 5 x16 (50 GB/s), as the counters offload_modelled_pcie4_s
+// and offload_modelled_pcie5_s (report only), labelled MODELLED; `what` says which bytes.
+inline constexpr double kPcie4BytesPerS = 25e9, kPcie5BytesPerS = 50e9;
+std::vector<Metric> modelled_link_metrics(const std::string& what);
+void add_modelled_link_time(std::map<std::string, double>& counters, double bytes);
 
 // The counters the runner adds to every record (memory, error, throughput), declared once.
 const std::vector<Metric>& harness_metrics();

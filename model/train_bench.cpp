@@ -30,7 +30,7 @@ Param checkpoint_param() {
 
 std::vector<Metric> train_bench_metrics(bool grads_bit_identical) {
   const Gate diff = grads_bit_identical ? Gate::zero : Gate::report;
-  return {
+  std::vector<Metric> m = {
       {"steps", "1", Better::none, Gate::report, 0, 0, "optimizer steps trained before the timed step"},
       {"params", "1", Better::none, Gate::exact, 0, 0, "model parameters"},
       {"trainable_params", "1", Better::none, Gate::exact, 0, 0, "parameters the optimizer updates (LoRA: the adapters)"},
@@ -75,11 +75,9 @@ std::vector<Metric> train_bench_metrics(bool grads_bit_identical) {
       {"offload_bytes_to_device", "bytes", Better::lower, Gate::exact, 0, 0, "updated weights copied to the device per step"},
       {"offload_host_optimizer_s", "s", Better::lower, Gate::report, 0, 0,
        "wall time of the host's optimizer work in the timed step (measured)"},
-      {"offload_modelled_pcie4_s", "s", Better::lower, Gate::report, 0, 0,
-       "MODELLED: the step's copies at 25 GB/s (PCIe 4 x16), not measured"},
-      {"offload_modelled_pcie5_s", "s", Better::lower, Gate::report, 0, 0,
-       "MODELLED: the step's copies at 50 GB/s (PCIe 5 x16), not measured"},
   };
+  for (auto& x : modelled_link_metrics("the step's copies")) m.push_back(std::move(x));
+  return m;
 }
 
 Technique train_bench_technique(std::string name, std::string description, bool grads_bit_identical,
@@ -347,8 +345,7 @@ void TrainBenchWorkload::run() {
     counters_["offload_bytes_to_host"] = static_cast<double>(st.bytes_to_host);
     counters_["offload_bytes_to_device"] = static_cast<double>(st.bytes_to_device);
     counters_["offload_host_optimizer_s"] = st.host_optimizer_s;
-    counters_["offload_modelled_pcie4_s"] = moved / 25e9;
-    counters_["offload_modelled_pcie5_s"] = moved / 50e9;
+    add_modelled_link_time(counters_, moved);
   }
 }
 

@@ -279,3 +279,35 @@ TEST(Claims, Int4SevenBillionFromTheValidatedMemoryModel) {
   blob.counters["weight_bytes"] += 64;
   EXPECT_EQ(check("quant", "int4-7b", {blob}).verdict, "error");
 }
+
+// ---- kvcache ----
+
+TEST(Claims, OffloadLatencyIsDecidedOnCudaOnly) {
+  auto pair = [](Backend be, double paged_s, double offload_s, double pcie4_s) {
+    std::vector<Record> recs;
+    for (const char* impl : {"paged", "paged-offload"}) {
+      Record r = rec("kvcache_model", impl, Json{{"kv_dtype", "fp32"}, {"seq", 512}, {"hot_tokens", 128}}, 512);
+      r.backend = be;
+      const double t = impl == std::string("paged") ? paged_s : offload_s;
+      r.times_s = {t, t * 1.001, t * 0.999};
+      if (impl != std::string("paged")) {
+        r.counters["offload_modelled_pcie4_s"] = pcie4_s;
+        r.counters["offload_modelled_pcie5_s"] = pcie4_s / 2;
+      }
+      recs.push_back(r);
+    }
+    return recs;
+  };
+  // CPU: reported with the modelled ratios, never decided.
+  auto r = check("kvcache_model", "offload-latency", pair(Backend::cpu, 1.0, 3.0, 2.0));
+  EXPECT_EQ(r.verdict, "out_of_scope");
+  EXPECT_NE(r.measured.find("x3.00"), std::string::npos) << r.measured;
+  EXPECT_NE(r.measured.find("PCIe 4 copies x3.00"), std::string::npos) << r.measured;
+  EXPECT_NE(r.measured.find("PCIe 5 x2.00"), std::string::npos) << r.measured;
+  EXPECT_EQ(check("kvcache_model", "offload-latency", {}).verdict, "out_of_scope");
+  EXPECT_EQ(check("kvcache_model", "offload-latency", pair(Backend::cuda, 1.0, 3.0, 0)).verdict, "reproduced");
+  EXPECT_EQ(check("kvcache_model", "offload-latency", pair(Backend::cuda, 1.0, 1.2, 0)).verdict, "not_reproduced");
+  EXPECT_EQ(check("kvcache_model", "offload-latency", pair(Backend::cuda, 1.0, 2.02, 0)).verdict, "inconclusive");
+  // Control: an "offload" that copies nothing runs as fast as paged: never reproduced.
+  EXPECT_NE(check("kvcache_model", "offload-latency", pair(Backend::cuda, 1.0, 1.0, 0)).verdict, "reproduced");
+}

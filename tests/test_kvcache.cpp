@@ -210,6 +210,139 @@ TEST(DecodeAttention, PagedEqualsContiguousBitForBitOverRandomBlockTables) {
   }
 }
 
+TEST(PagedCache, OffloadKeepsEveryTokenAndItsBookkeeping) {
+  // Random add / append / fork / release on a cache that keeps 2 blocks per request on the device and
+  // the rest in a host pool: device and host reference counts match the live tables, no block leaks, the
+  // cold blocks are a prefix of each table, and every token reads back what was written for it.
+  auto dev = make_cpu_device();
+  const KvShape s{2, 1, 4, KvType::bf16};
+  PagedCache c(*dev, s, 4, 24);
+  c.enable_offload(40, 2);
+  std::mt19937_64 rng(17);
+  std::vector<int64_t> live;
+  std::map<int64_t, std::vector<uint64_t>> seeds;  // per request, the seed its token pos was written with
+  int64_t refusals = 0, evictions = 0;
+  for (int step = 0; step < 4000; ++step) {
+    const int op = static_cast<int>(rng() % 20);
+    if (op < 2 || live.empty()) {
+      live.push_back(c.add(1000));
+      seeds[live.back()];
+    } else if (op < 16) {
+      const int64_t r = live[rng() % live.size()];
+      const int64_t to_host = c.traffic().to_host;
+      if (c.append(r)) {
+        const uint64_t seed = rng() % 1000;
+        write_token(c, r, c.length(r) - 1, seed);
+        seeds[r].push_back(seed);
+        if (c.traffic().to_host > to_host) {
+          EXPECT_EQ(c.traffic().to_host - to_host, c.block_bytes());
+          ++evictions;
+        }
+      } else {
+        ++refusals;
+      }
+    } else if (op < 17) {
+      const int64_t r = live[rng() % live.size()];
+      if (c.length(r) > 0) {
+        live.push_back(c.fork(r));
+        seeds[live.back()] = seeds[r];
+      }
+    } else {
+      const std::size_t i = rng() % live.size();
+      c.release(live[i]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    std::map<int32_t, int32_t> dev_refs, host_refs;
+    for (int64_t r : live) {
+      const auto& t = c.table(r);
+      int64_t hot = 0;
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        if (t[i] >= 0) {
+          ++hot;
+          ++dev_refs[t[i]];
+        } else {
+          ASSERT_EQ(hot, 0) << "a cold block after a hot one";
+          ++host_refs[t[i]];
+        }
+      }
+      ASSERT_LE(hot, 2);
+    }
+    for (const auto& [b, n] : dev_refs) ASSERT_EQ(c.refcount(b), n) << "block " << b << " at step " << step;
+    ASSERT_EQ(static_cast<int64_t>(dev_refs.size()) + c.free_blocks(), c.num_blocks()) << "at step " << step;
+    ASSERT_EQ(static_cast<int64_t>(host_refs.size()), c.host_blocks_used()) << "at step " << step;
+  }
+  EXPECT_GT(refusals, 0) << "the pools never ran out";
+  EXPECT_GT(evictions, 50);
+  std::vector<uint8_t> want(s.entry_bytes() * s.layers);
+  for (int64_t r : live)
+    for (int64_t pos = 0; pos < c.length(r); ++pos) {
+      ContiguousCache one(*dev, s);
+      const int64_t q = one.add(pos + 1);
+      for (int64_t i = 0; i <= pos; ++i) one.append(q);
+      write_token(one, q, pos, seeds[r][pos]);
+      for (int64_t l = 0; l < s.layers; ++l)
+        ASSERT_EQ(std::memcmp(c.entry(r, l, pos), one.entry(q, l, pos), s.entry_bytes()), 0) << "req " << r << " pos " << pos;
+    }
+  for (int64_t r : live) c.release(r);
+  EXPECT_EQ(c.free_blocks(), c.num_blocks());
+  EXPECT_EQ(c.host_blocks_used(), 0);
+}
+
+TEST(DecodeAttention, OffloadedEqualsPagedBitForBitAndCountsItsCopies) {
+  auto dev = make_cpu_device();
+  for (KvType t : {KvType::f32, KvType::int8}) {
+    const KvShape s{3, 2, 32, t};
+    const int64_t heads = 4, B = 3, block = 8, hot = 3;
+    const std::vector<int64_t> len = {5, 61, 200};
+    PagedCache p(*dev, s, block, 64), o(*dev, s, block, 16);
+    o.enable_offload(64, hot);
+    std::vector<int64_t> rp, ro;
+    for (int64_t b = 0; b < B; ++b) {
+      rp.push_back(p.add(len[b]));
+      ro.push_back(o.add(len[b]));
+    }
+    for (int64_t i = 0; i < 200; ++i)
+      for (int64_t b = 0; b < B; ++b)
+        if (i < len[b]) {
+          ASSERT_TRUE(p.append(rp[b]));
+          ASSERT_TRUE(o.append(ro[b]));
+          write_token(p, rp[b], i, static_cast<uint64_t>(b));
+          write_token(o, ro[b], i, static_cast<uint64_t>(b));
+        }
+    int64_t cold = 0;  // blocks beyond the hot ones: full blocks of the longer requests
+    for (int64_t b = 0; b < B; ++b) cold += std::max<int64_t>(0, (len[b] + block - 1) / block - hot);
+    EXPECT_EQ(o.host_blocks_used(), cold);
+    EXPECT_EQ(o.traffic().to_host, cold * o.block_bytes());
+    int64_t hot_blocks = 0;
+    for (int64_t b = 0; b < B; ++b) hot_blocks += std::min<int64_t>(hot, (len[b] + block - 1) / block);
+    EXPECT_EQ(o.reserved_bytes(), hot_blocks * o.block_bytes());
+    const auto q = normals(B * heads * s.head_dim, 78);
+    std::vector<float> yp(q.size()), yo(q.size());
+    EXPECT_THROW(decode_attention(o, ro, 0, q.data(), heads, yo.data()), Error);  // not staged
+    for (int64_t l = 0; l < s.layers; ++l) {
+      o.reset_traffic();
+      o.stage(ro, l);
+      EXPECT_EQ(o.traffic().to_device, cold * block * s.entry_bytes());
+      decode_attention(p, rp, l, q.data(), heads, yp.data());
+      decode_attention(o, ro, l, q.data(), heads, yo.data());
+      EXPECT_EQ(std::memcmp(yp.data(), yo.data(), yp.size() * 4), 0) << kv_type_name(t) << " layer " << l;
+    }
+  }
+}
+
+TEST(PagedCache, OffloadRefusesWhenTheHostPoolIsFull) {
+  auto dev = make_cpu_device();
+  const KvShape s{1, 1, 4, KvType::f32};
+  PagedCache c(*dev, s, 2, 8);
+  c.enable_offload(1, 1);
+  EXPECT_THROW(c.enable_offload(1, 1), Error);
+  const int64_t r = c.add(100);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(c.append(r));  // block 0 went to the host at the third token
+  EXPECT_FALSE(c.append(r));                              // block 1 has nowhere to go
+  EXPECT_EQ(c.length(r), 4);
+  EXPECT_EQ(c.host_blocks_used(), 1);
+}
+
 TEST(Decoder, LogitsEqualTheFullForwardForEveryLayout) {
   const model::Config cfg = test::tiny_model();
   const auto w = test::test_weights(cfg, 4);
@@ -219,11 +352,16 @@ TEST(Decoder, LogitsEqualTheFullForwardForEveryLayout) {
   model::TrainOptions o = test::train_options(precision::Policy::fp32, 2, T);
   o.inference_only = true;
   const auto full = model::make_trainer_cpu(cfg, o, *dev, w)->logits(b);
-  for (bool paged : {false, true}) {
+  for (const char* layout : {"contiguous", "paged", "offload"}) {
     const KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
     std::unique_ptr<KvCache> cache;
-    if (paged) cache = std::make_unique<PagedCache>(*dev, s, 3, 64);
-    else cache = std::make_unique<ContiguousCache>(*dev, s);
+    if (layout == std::string("contiguous")) {
+      cache = std::make_unique<ContiguousCache>(*dev, s);
+    } else {
+      auto p = std::make_unique<PagedCache>(*dev, s, 3, 64);
+      if (layout == std::string("offload")) p->enable_offload(64, 2);  // 6 tokens on the device per request
+      cache = std::move(p);
+    }
     Decoder d(*dev, cfg, w, *cache);
     const std::vector<int64_t> reqs = {cache->add(T), cache->add(T)};
     std::vector<float> z(2 * cfg.vocab);
@@ -240,7 +378,8 @@ TEST(Decoder, LogitsEqualTheFullForwardForEveryLayout) {
     }
     // fp32 rounding through 2 layers of width 32 in another summation order: a few hundred ulps of the
     // largest logit; a wrong position or mask moves logits by O(1).
-    EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0)) << (paged ? "paged" : "contiguous");
+    EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0)) << layout;
+    if (layout == std::string("offload")) EXPECT_GT(static_cast<PagedCache&>(*cache).host_blocks_used(), 0);
   }
 }
 

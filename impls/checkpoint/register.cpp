@@ -51,8 +51,7 @@ ClaimResult check_ckpt(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const double saving = 1 - state_and_activations(*full) / state_and_activations(*plain);
   const double act_saving = 1 - full->counter("peak_bytes_activations") / plain->counter("peak_bytes_activations");
   const double share = plain->counter("peak_bytes_activations") / state_and_activations(*plain);
-  const double ratio = stats::median(full->times_s) / stats::median(plain->times_s);
-  const double u = ratio * std::max(noise, std::hypot(stats::cv(full->times_s), stats::cv(plain->times_s)));
+  const auto [ratio, u] = time_ratio(*full, *plain, noise);
   const double layers = plain->kase.params.value("layers", 1.0);
   std::string measured =
       fmt("full: state + activations -%.0f%% (activations -%.0f%%, ", 100 * saving, 100 * act_saving) +

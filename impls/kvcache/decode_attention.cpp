@@ -111,6 +111,7 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
   const int64_t hd = s.head_dim, group = heads / s.kv_heads, units = static_cast<int64_t>(reqs.size()) * s.kv_heads;
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   for (int64_t r : reqs) MT_CHECK(c.length(r) > 0, "decode attention: a request has no cached token");
+  c.require_staged(reqs, layer);  // here, not from inside the parallel loop
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t b = u / s.kv_heads, g = u % s.kv_heads;

@@ -140,6 +140,7 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
         encode_head(s.type, v + b * KV + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes());
       }
     }
+    cache_.stage(reqs, l);
     decode_attention(cache_, reqs, l, q, H, o);
     apply(P[3], o, B, D, D, x, true);  // x += o Wo^T
     rmsnorm_forward(x, mlp_norm_[l], xn, r, B, D, c_.norm_eps);

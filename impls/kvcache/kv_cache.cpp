@@ -159,7 +159,7 @@ std::vector<int64_t> ContiguousCache::live_requests() const {
 // ---- paged ----
 
 PagedCache::PagedCache(Device& dev, const KvShape& s, int64_t block_tokens, int64_t num_blocks)
-    : KvCache(s), block_tokens_(block_tokens), num_blocks_(num_blocks) {
+    : KvCache(s), dev_(dev), block_tokens_(block_tokens), num_blocks_(num_blocks) {
   MT_CHECK(block_tokens > 0 && num_blocks > 0 && num_blocks < (int64_t{1} << 31),
            "kv cache: block_tokens and num_blocks must be positive");
   pool_ = Buffer(dev.memory(), static_cast<std::size_t>(num_blocks * block_bytes()), Tag::kv);
@@ -174,7 +174,55 @@ const PagedCache::Req& PagedCache::at(int64_t req) const {
 }
 
 uint8_t* PagedCache::block_ptr(int32_t b, int64_t layer) const {
-  return pool_.as<uint8_t>() + b * block_bytes() + layer * block_tokens_ * shape_.entry_bytes();
+  if (b < 0) return host_pool_.as<uint8_t>() + static_cast<int64_t>(-1 - b) * block_bytes() + layer * slice_bytes();
+  return pool_.as<uint8_t>() + b * block_bytes() + layer * slice_bytes();
+}
+
+void PagedCache::enable_offload(int64_t host_blocks, int64_t hot_blocks) {
+  MT_CHECK(host_blocks > 0 && host_blocks < (int64_t{1} << 31) && hot_blocks > 0,
+           "kv cache: offload needs host_blocks > 0 and hot_blocks > 0");
+  MT_CHECK(reqs_.empty() && !offloading(), "kv cache: enable_offload before the first request, once");
+  host_blocks_ = host_blocks;
+  hot_blocks_ = hot_blocks;
+  host_pool_ = Buffer(dev_.host(), static_cast<std::size_t>(host_blocks * block_bytes()), Tag::kv);
+  staging_ = Buffer(dev_.memory(), static_cast<std::size_t>(staging_bytes()), Tag::kv);
+  host_refs_.assign(static_cast<std::size_t>(host_blocks), 0);
+  staged_slot_.assign(static_cast<std::size_t>(host_blocks), -1);
+  for (int64_t h = host_blocks - 1; h >= 0; --h) host_free_.push_back(static_cast<int32_t>(h));
+}
+
+// The request's oldest device block to a host block; false when the host pool is full.
+bool PagedCache::evict_oldest(Req& r) {
+  if (host_free_.empty()) return false;
+  const int32_t h = host_free_.back(), b = r.table[r.cold];
+  host_free_.pop_back();
+  host_refs_[h] = 1;
+  dev_.copy(block_ptr(-1 - h, 0), block_ptr(b, 0), static_cast<std::size_t>(block_bytes()), CopyKind::device_to_host);
+  traffic_.to_host += block_bytes();
+  if (--refs_[b] == 0) free_.push_back(b);
+  r.table[r.cold++] = -1 - h;
+  staged_layer_ = -1;  // the staging area no longer covers every cold block
+  return true;
+}
+
+void PagedCache::stage(std::span<const int64_t> reqs, int64_t layer) {
+  if (!offloading()) return;
+  MT_CHECK(layer >= 0 && layer < shape_.layers, "kv cache: stage() of a layer out of range");
+  std::fill(staged_slot_.begin(), staged_slot_.end(), -1);
+  int32_t slots = 0;
+  for (int64_t req : reqs) {
+    const Req& r = at(req);
+    for (int64_t i = 0; i < r.cold; ++i) {
+      const int32_t h = -1 - r.table[i];
+      if (staged_slot_[h] >= 0) continue;  // shared with a fork staged before
+      staged_slot_[h] = slots;
+      dev_.copy(staging_.as<uint8_t>() + slots * slice_bytes(), block_ptr(r.table[i], layer),
+                static_cast<std::size_t>(slice_bytes()), CopyKind::host_to_device);
+      traffic_.to_device += slice_bytes();
+      ++slots;
+    }
+  }
+  staged_layer_ = layer;
 }
 
 int64_t PagedCache::add(int64_t max_tokens) {
@@ -188,7 +236,8 @@ int64_t PagedCache::add(int64_t max_tokens) {
 bool PagedCache::append(int64_t req) {
   Req& r = const_cast<Req&>(at(req));
   const int64_t slot = r.len % block_tokens_;
-  if (slot == 0) {  // a new block
+  if (slot == 0) {  // a new block (offloading: the oldest device block moves to the host first)
+    if (offloading() && static_cast<int64_t>(r.table.size()) - r.cold >= hot_blocks_ && !evict_oldest(r)) return false;
     if (free_.empty()) return false;
     const int32_t b = free_.back();
     free_.pop_back();
@@ -210,17 +259,19 @@ bool PagedCache::append(int64_t req) {
 
 int64_t PagedCache::fork(int64_t req) {
   Req copy = at(req);
-  for (int32_t b : copy.table) ++refs_[b];
+  for (int32_t b : copy.table) ++(b >= 0 ? refs_[b] : host_refs_[-1 - b]);
   reqs_.push_back(std::move(copy));
   return static_cast<int64_t>(reqs_.size()) - 1;
 }
 
 void PagedCache::release(int64_t req) {
   Req& r = const_cast<Req&>(at(req));
-  for (int32_t b : r.table)
-    if (--refs_[b] == 0) free_.push_back(b);
+  for (int32_t b : r.table) {
+    if (b >= 0 && --refs_[b] == 0) free_.push_back(b);
+    if (b < 0 && --host_refs_[-1 - b] == 0) host_free_.push_back(-1 - b);
+  }
   r.table.clear();
-  r.len = 0;
+  r.len = r.cold = 0;
   r.live = false;
 }
 
@@ -230,11 +281,29 @@ uint8_t* PagedCache::entry(int64_t req, int64_t layer, int64_t pos) {
   return block_ptr(r.table[pos / block_tokens_], layer) + (pos % block_tokens_) * shape_.entry_bytes();
 }
 
+void PagedCache::require_staged(std::span<const int64_t> reqs, int64_t layer) const {
+  for (int64_t req : reqs) {
+    const Req& r = at(req);
+    for (int64_t i = 0; i < r.cold; ++i)
+      MT_CHECK(staged_layer_ == layer && staged_slot_[-1 - r.table[i]] >= 0,
+               "kv cache: layer " + std::to_string(layer) + " of request " + std::to_string(req) +
+                   " has offloaded blocks that are not staged (call stage() before the kernels)");
+  }
+}
+
 void PagedCache::runs(int64_t req, int64_t layer, const RunFn& fn) const {
   const Req& r = at(req);
   for (std::size_t i = 0; i < r.table.size(); ++i) {
     const int64_t first = static_cast<int64_t>(i) * block_tokens_;
-    fn(block_ptr(r.table[i], layer), first, std::min(block_tokens_, r.len - first));
+    const int32_t b = r.table[i];
+    const uint8_t* p = nullptr;
+    if (b >= 0) {
+      p = block_ptr(b, layer);
+    } else {
+      if (staged_layer_ != layer || staged_slot_[-1 - b] < 0) require_staged({&req, 1}, layer);  // throws
+      p = staging_.as<uint8_t>() + staged_slot_[-1 - b] * slice_bytes();
+    }
+    fn(p, first, std::min(block_tokens_, r.len - first));
   }
 }
 

@@ -20,10 +20,17 @@
 //       block another request still holds, and return to the free list when the last holder releases.
 // Running out of blocks is a refusal (add/append return false), never a crash: the scheduler waits or
 // preempts.
+//
+// Offload (paged, PagedCache::enable_offload): each request keeps its newest blocks in the device pool
+// and its older, full ones ("cold") in a host pool (pinned on CUDA), FlexGen-style; before the kernels
+// read a layer, stage() copies that layer's slices of the cold blocks into a device staging area. The
+// device then holds the hot blocks and one layer of the cold ones; each decode step moves every cold
+// token's entry of every layer to the device once (bytes counted by traffic()).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,7 +73,19 @@ class KvCache {
   // The request's tokens at `layer` as runs of consecutive entries: fn(first entry, first pos, count).
   using RunFn = std::function<void(const uint8_t*, int64_t, int64_t)>;
   virtual void runs(int64_t req, int64_t layer, const RunFn& fn) const = 0;
-  // Bytes the cache holds for requests now (reserved or in their blocks), and of their tokens.
+  // Before the kernels read `layer` of these requests: brings what they will read to the device (an
+  // offloading cache); a no-op for caches that keep everything on the device.
+  virtual void stage(std::span<const int64_t> reqs, int64_t layer) {
+    (void)reqs;
+    (void)layer;
+  }
+  // Error unless runs() can read `layer` of these requests now (an offloading cache staged it).
+  virtual void require_staged(std::span<const int64_t> reqs, int64_t layer) const {
+    (void)reqs;
+    (void)layer;
+  }
+  // Bytes the cache holds for requests now (reserved or in their blocks; on the device), and of their
+  // tokens.
   virtual int64_t reserved_bytes() const = 0;
   int64_t used_bytes() const;
   virtual std::vector<int64_t> live_requests() const = 0;
@@ -121,21 +140,50 @@ class PagedCache final : public KvCache {
   int64_t block_bytes() const { return block_tokens_ * shape_.token_bytes(); }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
   int64_t num_blocks() const { return num_blocks_; }
+  // A request's block table: device block b >= 0, or host block h as -1 - h (offload).
   const std::vector<int32_t>& table(int64_t req) const { return at(req).table; }
   int32_t refcount(int32_t block) const { return refs_.at(block); }
+
+  // Offload (see the top of this file): at most hot_blocks (>= 1) device blocks per request; older ones
+  // move to one of host_blocks host blocks (a device-to-host copy of the whole block; a block a fork
+  // still holds stays on the device for it as well). append() refuses when a block must move and the
+  // host pool is full. stage() copies the layer's slice of every cold block of `reqs` (a host block shared
+  // by forks once) into the staging area, host_blocks slices in the device pool, where runs() reads them
+  // until the next stage() or eviction; runs() over an unstaged cold block is an Error. Call once, before
+  // the first add().
+  void enable_offload(int64_t host_blocks, int64_t hot_blocks);
+  bool offloading() const { return hot_blocks_ > 0; }
+  void stage(std::span<const int64_t> reqs, int64_t layer) override;
+  void require_staged(std::span<const int64_t> reqs, int64_t layer) const override;
+  int64_t host_blocks_used() const { return host_blocks_ - static_cast<int64_t>(host_free_.size()); }
+  int64_t host_reserved_bytes() const { return host_blocks_used() * block_bytes(); }
+  int64_t staging_bytes() const { return host_blocks_ * slice_bytes(); }
+  struct Traffic {
+    int64_t to_device = 0, to_host = 0;  // bytes copied since the last reset
+  };
+  Traffic traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = {}; }
 
  private:
   struct Req {
     std::vector<int32_t> table;
-    int64_t len = 0;
+    int64_t len = 0, cold = 0;  // cold: the leading blocks of the table that live in the host pool
     bool live = false;
   };
   const Req& at(int64_t req) const;
   uint8_t* block_ptr(int32_t b, int64_t layer) const;
+  int64_t slice_bytes() const { return block_tokens_ * shape_.entry_bytes(); }  // one block, one layer
+  bool evict_oldest(Req& r);
+  Device& dev_;
   int64_t block_tokens_, num_blocks_;
   Buffer pool_;
   std::vector<int32_t> free_, refs_;
   std::vector<Req> reqs_;
+  // offload
+  int64_t host_blocks_ = 0, hot_blocks_ = 0, staged_layer_ = -1;
+  Buffer host_pool_, staging_;
+  std::vector<int32_t> host_free_, host_refs_, staged_slot_;
+  Traffic traffic_;
 };
 
 }  // namespace memtrade::kvcache

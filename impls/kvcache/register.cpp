@@ -6,7 +6,9 @@
 // kernel's arithmetic; the storage type's own error is what kvcache_model measures. Implementations:
 // contiguous (reference: each request's tokens in one reserved range) and paged (blocks of `block`
 // tokens from a pool, appended round-robin across the requests so that their blocks interleave as a
-// server's do). Time per decode step; bandwidth over the K/V bytes read.
+// server's do), and paged-offload (the newest hot_tokens of each request on the device, the older blocks
+// in the host pool, staged to the device before every step: the copy's time is in the step's; its bytes
+// at PCIe 4 / 5 speeds are given as a model). Time per decode step; bandwidth over the K/V bytes read.
 //
 // `kvcache_model`: SmolLM2-135M (model/gguf_model.hpp) run by the decoder (decoder.hpp), teacher forced
 // through the cache token by token on validation windows of the tokenized fortunes corpus, per KV
@@ -19,6 +21,7 @@
 #include "datasets/random.hpp"
 #include "harness/claims.hpp"
 #include "harness/registry.hpp"
+#include "harness/stats.hpp"
 #include "impls/kvcache/decode_attention.hpp"
 #include "impls/kvcache/decoder.hpp"
 #include "impls/kvcache/serving.hpp"
@@ -35,7 +38,7 @@ namespace {
 
 struct DecodeProblem final : Problem {
   KvShape shape;
-  int64_t batch = 0, context = 0, heads = 0, block = 16;
+  int64_t batch = 0, context = 0, heads = 0, block = 16, hot_tokens = 256;
   std::vector<float> k, v, q;  // k, v: [batch][context][kv_heads][hd]; q: [batch][heads][hd]
   std::vector<double> oracle;  // [batch][heads][hd]
 };
@@ -68,6 +71,7 @@ std::unique_ptr<Problem> prepare_decode(const Case& c) {
   p->context = c.integer("context");
   p->heads = c.integer("heads");
   p->block = c.integer("block", 16);
+  p->hot_tokens = c.integer("hot_tokens", 256);
   p->shape = KvShape{1, c.integer("kv_heads"), c.integer("head_dim"), parse_kv_type(c.text("kv_dtype"))};
   MT_CHECK(p->heads % p->shape.kv_heads == 0 && p->shape.head_dim <= 256,
            "case " + c.id + ": heads must be a multiple of kv_heads, head_dim at most 256");
@@ -91,18 +95,36 @@ std::unique_ptr<Problem> prepare_decode(const Case& c) {
   return p;
 }
 
+// Offload: each request's newest hot_tokens (rounded up to blocks) stay on the device, the rest goes to
+// the host pool as the cache fills; every decode step stages the cold blocks back before the kernel.
+int64_t hot_blocks(const DecodeProblem& p) { return (p.hot_tokens + p.block - 1) / p.block; }
+int64_t cold_blocks(const DecodeProblem& p) {
+  return std::max<int64_t>(0, (p.context + p.block - 1) / p.block - hot_blocks(p));
+}
+
 class DecodeWorkload final : public Workload {
  public:
-  DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev) : p_(p) {
+  DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p) {
     if (dev.backend() != Backend::cpu) throw Skip("the KV cache kernels run on the CPU (the CUDA paged kernel is not written yet)");
-    if (paged)
-      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * ((p.context + p.block - 1) / p.block));
-    else
+    const int64_t blocks = (p.context + p.block - 1) / p.block;
+    if (offload) {
+      auto c = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * hot_blocks(p));
+      c->enable_offload(p.batch * cold_blocks(p), hot_blocks(p));
+      offload_ = c.get();
+      cache_ = std::move(c);
+    } else if (paged) {
+      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * blocks);
+    } else {
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
+    }
     reqs_ = fill(*cache_, p);
     out_ = Buffer(dev.memory(), p.oracle.size() * sizeof(float), Tag::io);
   }
-  void run() override { decode_attention(*cache_, reqs_, 0, p_.q.data(), p_.heads, out_.as<float>()); }
+  void run() override {
+    if (offload_) offload_->reset_traffic();
+    cache_->stage(reqs_, 0);
+    decode_attention(*cache_, reqs_, 0, p_.q.data(), p_.heads, out_.as<float>());
+  }
   ErrorStats error() override {
     const float* o = out_.as<float>();
     return error_stats(std::vector<double>(o, o + p_.oracle.size()), p_.oracle);
@@ -119,12 +141,21 @@ class DecodeWorkload final : public Workload {
     c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
     c["kv_bytes_read"] = static_cast<double>(p_.batch * p_.context * p_.shape.entry_bytes());
     c["kv_reserved_bytes"] = static_cast<double>(cache_->reserved_bytes());
-    c["kv_utilization"] = static_cast<double>(cache_->used_bytes()) / static_cast<double>(cache_->reserved_bytes());
+    const double host = offload_ ? static_cast<double>(offload_->host_reserved_bytes()) : 0.0;
+    c["kv_utilization"] = static_cast<double>(cache_->used_bytes()) / (static_cast<double>(cache_->reserved_bytes()) + host);
+    if (offload_) {
+      const double moved = static_cast<double>(offload_->traffic().to_device);  // one step's staging copies
+      c["kv_host_bytes"] = host;
+      c["kv_staging_bytes"] = static_cast<double>(offload_->staging_bytes());
+      c["kv_to_device_bytes_per_step"] = moved;
+      add_modelled_link_time(c, moved);
+    }
   }
 
  private:
   const DecodeProblem& p_;
   std::unique_ptr<KvCache> cache_;
+  PagedCache* offload_ = nullptr;  // cache_, when it offloads
   std::vector<int64_t> reqs_;
   Buffer out_;
 };
@@ -146,7 +177,7 @@ struct QualityProblem final : Problem {
   std::optional<quant::Spec> weights;  // projections' format (none: fp32)
   datasets::Batch windows;            // batch x seq validation tokens
   std::vector<double> full_losses;    // per (row, position), from the full-sequence fp32 forward
-  int64_t block = 16;
+  int64_t block = 16, hot_tokens = 256;
 };
 
 std::unique_ptr<Problem> prepare_quality(const Case& c) {
@@ -155,6 +186,7 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   const model::Config& cfg = p->data->model.cfg;
   p->shape = KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), parse_kv_type(c.text("kv_dtype"))};
   p->block = c.integer("block", 16);
+  p->hot_tokens = c.integer("hot_tokens", 256);
   if (const std::string w = c.text("weights", "fp32"); w != "fp32") p->weights = quant::parse_spec(w);
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
   p->windows = datasets::sample_batch(p->data->val(), batch, seq,
@@ -184,16 +216,26 @@ double mean_of(const std::vector<double>& v) {
 
 class QualityWorkload final : public Workload {
  public:
-  QualityWorkload(const QualityProblem& p, bool paged, Device& dev) : p_(p) {
+  QualityWorkload(const QualityProblem& p, bool paged, Device& dev, bool offload = false) : p_(p) {
     if (dev.backend() != Backend::cpu) throw Skip("the decoder runs on the CPU");
-    const int64_t B = p.windows.batch, T = p.windows.context;
-    if (paged)
-      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, B * ((T + p.block - 1) / p.block));
-    else
+    const int64_t B = p.windows.batch, T = p.windows.context, blocks = (T + p.block - 1) / p.block;
+    if (offload) {  // each window's newest hot_tokens on the device, the rest in the host pool
+      const int64_t hot = (p.hot_tokens + p.block - 1) / p.block;
+      auto c = std::make_unique<PagedCache>(dev, p.shape, p.block, B * std::min(hot, blocks));
+      c->enable_offload(B * std::max<int64_t>(1, blocks - hot), hot);
+      offload_ = c.get();
+      cache_ = std::move(c);
+    } else if (paged) {
+      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, B * blocks);
+    } else {
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
+    }
     decoder_ = std::make_unique<Decoder>(dev, p.data->model.cfg, p.data->model.params, *cache_, p.weights);
   }
-  void run() override { losses_ = teacher_forced_losses(*decoder_, *cache_, p_.windows); }
+  void run() override {
+    if (offload_) offload_->reset_traffic();
+    losses_ = teacher_forced_losses(*decoder_, *cache_, p_.windows);
+  }
   // The per-token losses against the full-sequence fp32 forward's (not a float64 oracle: a float64
   // forward of the 135M model is out of reach here); perplexities are counters.
   ErrorStats error() override { return error_stats(losses_, p_.full_losses); }
@@ -228,6 +270,12 @@ class QualityWorkload final : public Workload {
     KvShape bf16 = p_.shape;
     bf16.type = KvType::bf16;
     c["kv_bytes_per_token_bf16"] = static_cast<double>(bf16.token_bytes());
+    if (offload_) {  // one run: every decode step stages each layer's cold blocks
+      const double moved = static_cast<double>(offload_->traffic().to_device);
+      c["kv_to_device_bytes"] = moved;
+      c["kv_to_host_bytes"] = static_cast<double>(offload_->traffic().to_host);
+      add_modelled_link_time(c, moved);
+    }
   }
   std::string detail() override {
     return p_.data->model.name + "; corpus " + p_.data->corpus.source + " sha256 " + p_.data->corpus.sha256 +
@@ -237,6 +285,7 @@ class QualityWorkload final : public Workload {
  private:
   const QualityProblem& p_;
   std::unique_ptr<KvCache> cache_;
+  PagedCache* offload_ = nullptr;  // cache_, when it offloads
   std::unique_ptr<Decoder> decoder_;
   std::vector<double> losses_;
 };
@@ -273,6 +322,33 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   return {measured, combine_verdicts(verdicts),
           "band " + band.str() + " on the perplexity change; per-token-per-head amax scales computed on write (no "
           "calibration); the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
+}
+
+// offload-latency: "offloading KV or weights to the CPU costs 2-5x latency", as the offloaded decode's
+// time over the same case's paged decode. It needs two memories and a link between them (CUDA); on the
+// CPU backend the staging copy is a memcpy within one memory, so the host-copy ratio and the modelled
+// PCIe ratios ((paged time + staged bytes at 25 / 50 GB/s) / paged time) are reported, not decided.
+ClaimResult check_offload_latency(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Band band = claim_band(spec);
+  const double noise = spec.data.value("noise", 0.05);
+  std::string measured;
+  std::vector<std::string> verdicts;
+  for (const auto& r : recs) {
+    if (r.technique != "kvcache_model" || r.impl != "paged-offload" || r.status != "ok") continue;
+    const Record* p = same_case(recs, r, "paged");
+    if (!p || p->status != "ok") continue;
+    const double t = stats::median(p->times_s);
+    const auto [ratio, u] = time_ratio(r, *p, noise);
+    measured += std::string(backend_name(r.backend)) + " " + r.kase.id + fmt(": offload/paged x%.2f +- %.2f", ratio, u) +
+                fmt(" (modelled with PCIe 4 copies x%.2f, PCIe 5 x%.2f); ", (t + r.counter("offload_modelled_pcie4_s")) / t,
+                    (t + r.counter("offload_modelled_pcie5_s")) / t);
+    if (r.backend == Backend::cuda) verdicts.push_back(decide(ratio, u, band));
+  }
+  if (verdicts.empty())
+    return {measured, "out_of_scope",
+            "needs a GPU: on the CPU backend the device and the host are one memory, so the staging copy crosses no link "
+            "(the modelled ratios assume the copies are not overlapped with compute)"};
+  return {measured, combine_verdicts(verdicts), "CUDA cases; band " + band.str()};
 }
 
 // ---- kvcache_serving: the allocators under a request stream ----
@@ -418,6 +494,20 @@ void add_layouts(Technique& t, const char* contiguous, const char* paged) {
                                   [](const P& p, Device& d) { return std::make_unique<W>(p, true, d); }));
 }
 
+// paged-offload, where a request is longer than the hot window (`length`: the case's tokens per request).
+template <class P, class W>
+void add_offload(Technique& t, const char* length, const char* description) {
+  Impl i = typed_impl<P>(t.name, "paged-offload", Role::optimized, Backend::cpu, description,
+                         [](const P& p, Device& d) { return std::make_unique<W>(p, true, d, true); });
+  const std::string key = length;
+  i.not_applicable = [key](const Case& c) {
+    const int64_t block = c.integer("block", 16), hot = (c.integer("hot_tokens", 256) + block - 1) / block * block;
+    return c.integer(key) <= hot ? std::string("the sequence fits the hot window (whole blocks): nothing to offload")
+                                 : std::string();
+  };
+  t.impls.push_back(std::move(i));
+}
+
 }  // namespace
 
 void register_technique(Registry& r) {
@@ -434,13 +524,20 @@ void register_technique(Registry& r) {
         text_param("kv_dtype", "storage of K and V", nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
+        int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
     };
     t.schema.metrics = {
         {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0, "K and V of one token at every layer"},
         {"kv_bytes_read", "bytes", Better::none, Gate::report, 0, 0, "cache bytes one decode step reads"},
-        {"kv_reserved_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "what the cache holds for the requests"},
-        {"kv_utilization", "1", Better::higher, Gate::report, 0, 0, "bytes of the tokens / bytes reserved"},
+        {"kv_reserved_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "what the cache holds for the requests (device)"},
+        {"kv_utilization", "1", Better::higher, Gate::report, 0, 0, "bytes of the tokens / bytes reserved (device and host)"},
+        {"kv_host_bytes", "bytes", Better::none, Gate::exact, 0, 0, "paged-offload: the cold blocks in the host pool"},
+        {"kv_staging_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
+         "paged-offload: the device staging area (one layer of the host pool)"},
+        {"kv_to_device_bytes_per_step", "bytes", Better::lower, Gate::exact, 0, 0,
+         "paged-offload: bytes staged to the device per decode step (every cold token of the layer)"},
     };
+    for (auto& m : modelled_link_metrics("the bytes staged per step")) t.schema.metrics.push_back(std::move(m));
     // The reference kernel accumulates in fp32: the q.k dot over head_dim terms and the weighted sum of
     // values over context terms, each within gamma_k = k u (u = 2^-24) of exact, plus a few ulps of exp.
     t.error_rule.reference_bound = [](const Case& c, const Problem&) {
@@ -450,6 +547,10 @@ void register_technique(Registry& r) {
     t.prepare = prepare_decode;
     add_layouts<DecodeProblem, DecodeWorkload>(t, "fp32 online-softmax kernel over per-request reserved ranges",
                                                "the same kernel over block tables of a shared block pool");
+    add_offload<DecodeProblem, DecodeWorkload>(t, "context",
+                                               "paged; each request's newest hot_tokens on the device, older blocks in "
+                                               "the host pool, staged back to the device before the kernel every step "
+                                               "(on the CPU backend a host copy)");
     t.claims["kv-70"] = check_kv70;
     r.add(std::move(t));
   }
@@ -498,6 +599,7 @@ void register_technique(Registry& r) {
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
         int_param("block", "tokens per block of the paged cache", 16),
+        int_param("hot_tokens", "paged-offload: newest tokens per window kept on the device", 256, 1),
         int_param("seed", "window sampling", 1, 0),
         text_param("corpus_dir", "fortunes directory; default: $MEMTRADE_FORTUNES_DIR or the Debian path", ""),
         text_param("corpus_sha256", "the corpus checksum the case expects (a mismatch is an error)", ""),
@@ -512,7 +614,11 @@ void register_technique(Registry& r) {
         {"weight_bytes_read", "bytes", Better::lower, Gate::exact, 0, 0, "projections and lm_head as stored"},
         {"memory_at_*", "bytes", Better::lower, Gate::exact, 0, 0,
          "every weight as stored plus the KV cache of one sequence of that many tokens"},
+        {"kv_to_device_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
+         "paged-offload: cold KV staged to the device over the run (every layer, every step)"},
+        {"kv_to_host_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "paged-offload: blocks moved to the host over the run"},
     };
+    for (auto& m : modelled_link_metrics("the bytes staged over the run")) t.schema.metrics.push_back(std::move(m));
     // The error is the per-token losses against the full forward's in fp32. With fp32 storage and fp32
     // weights only the summation order differs, and 1e-3 is a guard, not a tolerance: a wrong position, RoPE angle or a
     // missing token changes losses by O(1). Other storage types are judged by their perplexity (a
@@ -538,7 +644,10 @@ void register_technique(Registry& r) {
     t.prepare = prepare_quality;
     add_layouts<QualityProblem, QualityWorkload>(t, "decoder over per-request reserved ranges",
                                                  "decoder over block tables");
+    add_offload<QualityProblem, QualityWorkload>(t, "seq", "decoder over block tables, each window's newest hot_tokens on "
+                                                            "the device and older blocks in the host pool, staged per layer");
     t.claims["kv-fp8"] = check_kv_fp8;
+    t.claims["offload-latency"] = check_offload_latency;
     r.add(std::move(t));
   }
 }

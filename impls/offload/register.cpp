@@ -150,8 +150,7 @@ ClaimResult check_offload_slow(const ClaimSpec& spec, const std::vector<Record>&
     if (r.technique != "offload" || r.impl != "offload" || r.status != "ok") continue;
     const Record* d = same_case(recs, r, "device");
     if (!d) continue;
-    const double ratio = stats::median(r.times_s) / stats::median(d->times_s);
-    const double u = ratio * std::max(noise, std::hypot(stats::cv(r.times_s), stats::cv(d->times_s)));
+    const auto [ratio, u] = time_ratio(r, *d, noise);
     const double step = stats::median(d->times_s);
     measured += std::string(backend_name(r.backend)) + " " + r.kase.params.value("policy", std::string("?")) +
                 fmt(": offload/device x%.2f +- %.2f", ratio, u) +
