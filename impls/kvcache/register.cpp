@@ -95,25 +95,26 @@ std::unique_ptr<Problem> prepare_decode(const Case& c) {
   return p;
 }
 
-// Offload: each request's newest hot_tokens (rounded up to blocks) stay on the device, the rest goes to
-// the host pool as the cache fills; every decode step stages the cold blocks back before the kernel.
-int64_t hot_blocks(const DecodeProblem& p) { return (p.hot_tokens + p.block - 1) / p.block; }
-int64_t cold_blocks(const DecodeProblem& p) {
-  return std::max<int64_t>(0, (p.context + p.block - 1) / p.block - hot_blocks(p));
+// paged-offload's cache for `requests` requests of `tokens` tokens: each keeps its newest hot_tokens
+// (rounded up to blocks) in the device pool and moves older blocks to the host pool as it grows.
+std::unique_ptr<PagedCache> offload_cache(Device& dev, const KvShape& s, int64_t block, int64_t hot_tokens,
+                                          int64_t requests, int64_t tokens) {
+  const int64_t blocks = (tokens + block - 1) / block, hot = (hot_tokens + block - 1) / block;
+  auto c = std::make_unique<PagedCache>(dev, s, block, requests * std::min(hot, blocks));
+  c->enable_offload(requests * std::max<int64_t>(1, blocks - hot), hot);
+  return c;
 }
 
 class DecodeWorkload final : public Workload {
  public:
   DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p) {
     if (dev.backend() != Backend::cpu) throw Skip("the KV cache kernels run on the CPU (the CUDA paged kernel is not written yet)");
-    const int64_t blocks = (p.context + p.block - 1) / p.block;
     if (offload) {
-      auto c = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * hot_blocks(p));
-      c->enable_offload(p.batch * cold_blocks(p), hot_blocks(p));
+      auto c = offload_cache(dev, p.shape, p.block, p.hot_tokens, p.batch, p.context);
       offload_ = c.get();
       cache_ = std::move(c);
     } else if (paged) {
-      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * blocks);
+      cache_ = std::make_unique<PagedCache>(dev, p.shape, p.block, p.batch * ((p.context + p.block - 1) / p.block));
     } else {
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
     }
@@ -219,10 +220,8 @@ class QualityWorkload final : public Workload {
   QualityWorkload(const QualityProblem& p, bool paged, Device& dev, bool offload = false) : p_(p) {
     if (dev.backend() != Backend::cpu) throw Skip("the decoder runs on the CPU");
     const int64_t B = p.windows.batch, T = p.windows.context, blocks = (T + p.block - 1) / p.block;
-    if (offload) {  // each window's newest hot_tokens on the device, the rest in the host pool
-      const int64_t hot = (p.hot_tokens + p.block - 1) / p.block;
-      auto c = std::make_unique<PagedCache>(dev, p.shape, p.block, B * std::min(hot, blocks));
-      c->enable_offload(B * std::max<int64_t>(1, blocks - hot), hot);
+    if (offload) {
+      auto c = offload_cache(dev, p.shape, p.block, p.hot_tokens, B, T);
       offload_ = c.get();
       cache_ = std::move(c);
     } else if (paged) {

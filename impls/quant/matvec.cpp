@@ -151,7 +151,7 @@ inline void group_dot(const uint8_t* row, int64_t k0, int64_t k1, const float* x
 // several groups), as the generic path does; then the lanes are summed. Blocks need the group size to be
 // a multiple of 128 or one of 8, 16, 32, 64; the columns past the last full block use group_dot.
 constexpr int64_t kTile = 4096;  // x elements per permuted tile (16 KiB of stack per thread)
-constexpr int64_t kPrefetchBytes = 4096;
+using simd::kPrefetchBytes;
 
 inline bool blocked_ok(Format f, int64_t G, int64_t K) {
   return four_bit(f) && K >= 128 && (G % 128 == 0 || (G % 8 == 0 && 128 % G == 0));

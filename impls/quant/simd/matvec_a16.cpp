@@ -11,6 +11,7 @@
 
 #include "common/common.hpp"
 #include "impls/quant/simd/matvec_a16.hpp"
+#include "impls/quant/simd/matvec_simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace memtrade::quant::a16 {
@@ -24,10 +25,6 @@ using D32 = hn::RepartitionToWide<D16>;
 using DF = hn::Rebind<float, D32>;
 using VF = hn::Vec<DF>;
 using V32 = hn::Vec<D32>;
-
-// One software prefetch per cache line this far down a row's codes (rows are contiguous), as in the
-// float path (matvec_simd.cpp).
-constexpr int64_t kPrefetchBytes = 4096;
 
 // Lanes of D16 at compile time on every fixed-width target, so the loops over a block unroll.
 constexpr int64_t kV = static_cast<int64_t>(hn::MaxLanes(D16()));
@@ -76,7 +73,7 @@ HWY_INLINE VF blocks(const uint8_t* HWY_RESTRICT row, const int16_t* HWY_RESTRIC
   VF a0 = hn::Zero(df), a1 = hn::Zero(df);
   int64_t b = b0;
   for (; b + 2 <= b1; b += 2) {
-    hwy::Prefetch(row + b * kBytes + kPrefetchBytes);
+    hwy::Prefetch(row + b * kBytes + simd::kPrefetchBytes);
     a0 = hn::MulAdd(block(b), hn::Set(df, xs[b]), a0);
     a1 = hn::MulAdd(block(b + 1), hn::Set(df, xs[b + 1]), a1);
   }
@@ -224,8 +221,7 @@ void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y,
   auto* xq = static_cast<int16_t*>(workspace);
   auto* xs = reinterpret_cast<float*>(xq + blocks * kA16Block);
   float* cs = xs + blocks;
-  const int64_t G = L.spec.format == Format::int8 ? K : L.group, groups = (K + G - 1) / G;
-  std::fill(cs, cs + groups, 0.f);
+  const int64_t G = L.spec.format == Format::int8 ? K : L.group;  // every group's last block sets cs[group]
   double group_sum = 0;  // sum of x^ over the current group, in float64 (exact: at most K x 2^15 x scale)
   int16_t q[kA16Block];
   for (int64_t b = 0; b < blocks; ++b) {

@@ -111,9 +111,6 @@ HWY_INLINE float unscaled(const uint8_t* row, int64_t k, float zero) {
 // thread, on the stack) with each chunk's even elements first and its odd ones after, so that the low and
 // the high nibbles of V code bytes meet their x values with plain loads.
 constexpr int64_t kTile = 4096;
-// A software prefetch this far down the code stream, once per cache line (rows are contiguous): one core's
-// hardware prefetch alone keeps too few lines in flight to stream the weights from DRAM.
-constexpr int64_t kPrefetchBytes = 4096;
 
 template <Format F>
 void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, float* y) {

@@ -13,6 +13,11 @@
 
 namespace memtrade::quant::simd {
 
+// The CPU kernels' software prefetch this far down the code stream, once per cache line (rows are
+// contiguous): one core's hardware prefetch alone keeps too few lines in flight to stream the weights
+// from DRAM.
+inline constexpr int64_t kPrefetchBytes = 4096;
+
 void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y);
 // Rows [r0, r0 + nr) of deq(W) into out[nr x K], bit for bit dequantize()'s values.
 void dequant_rows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out);
