@@ -9,7 +9,9 @@
 #include "app/techniques.hpp"
 #include "harness/claims.hpp"
 #include "harness/suite.hpp"
+#include "impls/lora/finetune_model.hpp"
 #include "impls/quant/formats.hpp"
+#include "model/model.hpp"
 
 using namespace memtrade;
 
@@ -220,47 +222,54 @@ Record qm(const char* quantizer, const char* format, double delta, double se, do
 }  // namespace
 
 TEST(Claims, Int8LosslessAndInt4Band) {
-  // A model that reacts to INT4 (+0.8%, RTN +1.5%), and INT8 within 0.1%.
-  std::vector<Record> recs = {qm("rtn", "int8", 0.001, 0.0002), qm("rtn", "int4-g128", 0.015, 0.0005),
-                              qm("gptq", "int4-g128", 0.009, 0.0003), qm("awq", "int4-g128", 0.008, 0.0003)};
-  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "reproduced");
-  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "reproduced");
-  // INT8 loses 5%: not lossless. INT4's best loses 3%: outside the 0.5-1% band.
-  recs[0].counters["perplexity_rel_delta"] = 0.05;
-  for (int i : {2, 3}) recs[i].counters["perplexity_rel_delta"] = 0.03;
-  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "not_reproduced");
-  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "not_reproduced");
-  // A model too small to show quantization error (INT4 lowers perplexity within noise): inconclusive.
-  recs = {qm("rtn", "int8", 0.0, 0.0002), qm("rtn", "int4-g128", -0.001, 0.0005), qm("gptq", "int4-g128", -0.0003, 0.0003),
-          qm("awq", "int4-g128", -0.0011, 0.0003)};
-  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "inconclusive");
-  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "inconclusive");
-  // A quantizer that returns the weights unchanged: an error, never reproduced.
-  recs = {qm("rtn", "int8", 0.0, 0.0001, 0.0), qm("rtn", "int4-g128", 0.0, 0.0001, 0.0),
-          qm("gptq", "int4-g128", 0.0, 0.0001, 0.0), qm("awq", "int4-g128", 0.0, 0.0001, 0.0)};
-  EXPECT_EQ(check("quant_model", "int8-lossless", recs).verdict, "error");
-  EXPECT_EQ(check("quant_model", "int4-mmlu", recs).verdict, "error");
-  EXPECT_EQ(check("quant_model", "int4-mmlu", {}).verdict, "out_of_scope");
+  // The trained model's checks and SmolLM2's share the rule and the shipped bands.
+  for (const std::string sfx : {"", "-smollm2"}) {
+    SCOPED_TRACE("claims" + sfx);
+    // A model that reacts to INT4 (+0.8%, RTN +1.5%), and INT8 within 0.1%.
+    std::vector<Record> recs = {qm("rtn", "int8", 0.001, 0.0002), qm("rtn", "int4-g128", 0.015, 0.0005),
+                                qm("gptq", "int4-g128", 0.009, 0.0003), qm("awq", "int4-g128", 0.008, 0.0003)};
+    EXPECT_EQ(check("quant_model", "int8-lossless" + sfx, recs).verdict, "reproduced");
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "reproduced");
+    // INT8 loses 5%: not lossless. INT4's best loses 3%: outside the 0.5-1% band.
+    recs[0].counters["perplexity_rel_delta"] = 0.05;
+    for (int i : {2, 3}) recs[i].counters["perplexity_rel_delta"] = 0.03;
+    EXPECT_EQ(check("quant_model", "int8-lossless" + sfx, recs).verdict, "not_reproduced");
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "not_reproduced");
+    // A model too small to show quantization error (INT4 lowers perplexity within noise): inconclusive.
+    recs = {qm("rtn", "int8", 0.0, 0.0002), qm("rtn", "int4-g128", -0.001, 0.0005), qm("gptq", "int4-g128", -0.0003, 0.0003),
+            qm("awq", "int4-g128", -0.0011, 0.0003)};
+    EXPECT_EQ(check("quant_model", "int8-lossless" + sfx, recs).verdict, "inconclusive");
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "inconclusive");
+    // A quantizer that returns the weights unchanged: an error, never reproduced.
+    recs = {qm("rtn", "int8", 0.0, 0.0001, 0.0), qm("rtn", "int4-g128", 0.0, 0.0001, 0.0),
+            qm("gptq", "int4-g128", 0.0, 0.0001, 0.0), qm("awq", "int4-g128", 0.0, 0.0001, 0.0)};
+    EXPECT_EQ(check("quant_model", "int8-lossless" + sfx, recs).verdict, "error");
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "error");
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, {}).verdict, "out_of_scope");
+  }
 }
 
 TEST(Claims, AwqRobust) {
-  const std::vector<double> base = {2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 1.98, 2.01};
-  auto shifted = [&](double d, double jitter) {
-    std::vector<double> v = base;
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] += d + jitter * ((i % 3) - 1.0);
-    return v;
-  };
-  // GPTQ's loss 0.01 above AWQ's on every batch: AWQ better beyond the noise.
-  std::vector<Record> recs = {qm("awq", "int4-g128", 0.01, 0.001, 0.1, shifted(0.0, 0.0)),
-                              qm("gptq", "int4-g128", 0.02, 0.001, 0.1, shifted(0.01, 0.001))};
-  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "reproduced");
-  recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(-0.01, 0.001));
-  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "not_reproduced");
-  recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(0.0005, 0.02));  // a tiny gap inside the noise
-  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "inconclusive");
-  // AWQ that returns the weights: an error.
-  recs[0].counters["rel_l2_err"] = 0;
-  EXPECT_EQ(check("quant_model", "awq-robust", recs).verdict, "error");
+  for (const std::string sfx : {"", "-smollm2"}) {
+    SCOPED_TRACE("claims" + sfx);
+    const std::vector<double> base = {2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 1.98, 2.01};
+    auto shifted = [&](double d, double jitter) {
+      std::vector<double> v = base;
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] += d + jitter * ((i % 3) - 1.0);
+      return v;
+    };
+    // GPTQ's loss 0.01 above AWQ's on every batch: AWQ better beyond the noise.
+    std::vector<Record> recs = {qm("awq", "int4-g128", 0.01, 0.001, 0.1, shifted(0.0, 0.0)),
+                                qm("gptq", "int4-g128", 0.02, 0.001, 0.1, shifted(0.01, 0.001))};
+    EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "reproduced");
+    recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(-0.01, 0.001));
+    EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "not_reproduced");
+    recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(0.0005, 0.02));  // a tiny gap inside the noise
+    EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "inconclusive");
+    // AWQ that returns the weights: an error.
+    recs[0].counters["rel_l2_err"] = 0;
+    EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "error");
+  }
 }
 
 // ---- quant ----
@@ -460,4 +469,91 @@ TEST(Claims, AccumulationEqualsTheLargeBatchOnlyWithTokenNormalization) {
   // Control: micro-batches whose token counts make mean of means harmless show nothing about the mistake.
   EXPECT_EQ(check("accum", "accum-eq", pair(1.0, 1.0)).verdict, "not_reproduced");
   EXPECT_EQ(check("accum", "accum-eq", {}).verdict, "out_of_scope");
+}
+
+namespace {
+
+// A CPU fp32 fine-tuning record of a small model whose tracked peaks are the memory model's, to the byte
+// (`off` bytes added to the weights' peak), with a validation loss.
+Record finetune(const char* impl, double val_loss, double off = 0) {
+  model::Config c;
+  c.vocab = 64, c.dim = 128, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 256, c.context = 64;
+  Json p = model::to_json(c);
+  p["policy"] = "fp32", p["batch"] = 2, p["seq"] = 16, p["checkpoint"] = "none";
+  Record r = rec("lora", impl, p, 2);
+  lora::FinetuneSetup s;
+  s.cfg = c;
+  s.batch = 2, s.seq = 16, s.weight_bytes = 4, s.master = false;
+  const std::string name = impl;
+  if (name != "full") {
+    s.method = name.starts_with("qlora") ? lora::Method::qlora : lora::Method::lora;
+    s.lora.rank = std::stoi(name.substr(name.rfind('r') + 1));
+    s.lora.targets = name.find("qv") != std::string::npos ? model::LoraTargets::qv : model::LoraTargets::all_linear;
+  }
+  const lora::FinetuneMemory m = lora::finetune_memory(s);
+  r.counters["peak_bytes_weights"] = m.weights + off;
+  r.counters["peak_bytes_grads"] = m.grads;
+  r.counters["peak_bytes_master"] = m.master;
+  r.counters["peak_bytes_optimizer"] = m.optimizer;
+  r.counters["peak_bytes_activations"] = m.activations;
+  r.counters["val_loss"] = val_loss;
+  r.counters["val_loss_pretrained"] = 2.66;
+  return r;
+}
+
+}  // namespace
+
+TEST(Claims, LoraR64LossFromTheTaskAndMemoryFromTheValidatedModel) {
+  const std::vector<Record> close = {finetune("full", 2.52), finetune("lora-all-r64", 2.55)};
+  // The shipped memory band (5-15%) is not met on Llama-2-7B at 1 x 512 with checkpointing: the adapters'
+  // 160M parameters add 2.37% of the parameters but 16 B each of state, 18.7% of the step.
+  const auto r = check("lora", "lora-r64", close);
+  EXPECT_EQ(r.verdict, "not_reproduced");
+  EXPECT_NE(r.measured.find("160M trainable parameters (2.37%)"), std::string::npos) << r.measured;
+  EXPECT_NE(r.measured.find("(+18.7%)"), std::string::npos) << r.measured;
+  EXPECT_NE(r.note.find("checked against 2 measured step(s)"), std::string::npos) << r.note;
+  ClaimSpec wide = shipped("lora-r64");  // the loss half alone decides once the memory half holds
+  wide.data["memory_band"] = Json::array({0.1, 0.2});
+  auto decide_wide = [&](const std::vector<Record>& recs) { return registry().get("lora").claims.at("lora-r64")(wide, recs).verdict; };
+  EXPECT_EQ(decide_wide(close), "reproduced");
+  EXPECT_EQ(decide_wide({finetune("full", 2.52), finetune("lora-all-r64", 2.65)}), "not_reproduced");  // x1.052
+  // Control: adapters that never train keep the pretrained loss, which full fine-tuning beats.
+  EXPECT_EQ(decide_wide({finetune("full", 2.52), finetune("lora-all-r64", 2.66)}), "not_reproduced");
+  // A step whose tracked bytes are not the model's makes the memory half unfounded.
+  EXPECT_EQ(decide_wide({finetune("full", 2.52), finetune("lora-all-r64", 2.55, 1)}), "error");
+  EXPECT_EQ(decide_wide({finetune("full", 2.52)}), "out_of_scope");
+  EXPECT_EQ(decide_wide({finetune("full", 2.52), finetune("lora-qv-r64", 2.55)}), "out_of_scope");  // not all linear
+}
+
+TEST(Claims, Lora3xFromTheMemoryModel) {
+  // GPT-3-sized Llama shape: tied 50257 x 12288 embedding, 96 layers of 4 d^2 attention, 3 d f MLP and two
+  // norms, a final norm; LoRA r=4 on q and v: 96 x 2 x 4 (d + d) adapter parameters.
+  const double d = 12288, f = 32768;
+  const double params = 50257 * d + 96 * (4 * d * d + 3 * d * f + 2 * d) + d, adapters = 96 * 2 * 4 * (d + d);
+  char want[64];
+  std::snprintf(want, sizeof want, "trainable %.0fx fewer", params / adapters);
+  const auto r = check("lora", "lora-3x", {});
+  EXPECT_NE(r.measured.find(want), std::string::npos) << want << " in " << r.measured;
+  // 16 B of state per trained parameter against the source's ~7: memory falls 6.9x, not 3x.
+  EXPECT_EQ(r.verdict, "not_reproduced");
+  ClaimSpec spec = shipped("lora-3x");
+  spec.data["memory_band"] = Json::array({6, 8});
+  EXPECT_EQ(registry().get("lora").claims.at("lora-3x")(spec, {}).verdict, "reproduced");
+  spec.data["rank"] = 64;  // 16x the adapters: 578x fewer trainable parameters, under the band
+  EXPECT_EQ(registry().get("lora").claims.at("lora-3x")(spec, {}).verdict, "not_reproduced");
+}
+
+TEST(Claims, Qlora65bFromTheValidatedMemoryModel) {
+  const std::vector<Record> steps = {finetune("full", 2.52), finetune("qlora-all-r64", 2.55)};
+  const auto r = check("lora", "qlora-65b", steps);
+  // 65.3e9 weights, most at 4.127 bits, plus fp32 state for the adapters: 48.1 GB, over 24 and over 48.
+  EXPECT_EQ(r.verdict, "not_reproduced");
+  EXPECT_NE(r.measured.find("fits 48 GB (the paper): no"), std::string::npos) << r.measured;
+  EXPECT_NE(r.measured.find("LLaMA-33B"), std::string::npos) << r.measured;
+  EXPECT_EQ(check("lora", "qlora-65b", {finetune("full", 2.52), finetune("qlora-all-r64", 2.55, 1)}).verdict, "error");
+  ClaimSpec small = shipped("qlora-65b");  // LLaMA-7B's shape fits the 24 GB band
+  small.data["model"] = Json{{"name", "LLaMA-7B"}, {"vocab", 32000}, {"dim", 4096}, {"layers", 32}, {"heads", 32}, {"ffn", 11008}};
+  const auto s = registry().get("lora").claims.at("qlora-65b")(small, steps);
+  EXPECT_EQ(s.verdict, "reproduced");
+  EXPECT_NE(s.measured.find("fits 24 GB (the seed): yes"), std::string::npos) << s.measured;
 }
