@@ -250,7 +250,7 @@ bool PagedCache::append(int64_t req) {
     refs_[b] = 1;
     --refs_[old];
     for (int64_t l = 0; l < shape_.layers; ++l)
-      std::memcpy(block_ptr(b, l), block_ptr(old, l), static_cast<std::size_t>(slot * shape_.entry_bytes()));
+      dev_.copy(block_ptr(b, l), block_ptr(old, l), static_cast<std::size_t>(slot * shape_.entry_bytes()), CopyKind::device_to_device);
     r.table.back() = b;
   }
   ++r.len;
