@@ -443,3 +443,48 @@ TEST(Decoder, QuantizedWeightsStayNearTheDenseLogitsAndReadFewerBytes) {
   EXPECT_LT(std::sqrt(err / ref), 0.05);
   EXPECT_GT(std::sqrt(err / ref), 0.0) << "the quantized path must differ from the dense one";
 }
+
+TEST(Decoder, WeightOffloadGivesTheSameLogitsAndMovesEachOffloadedLayerEveryStep) {
+  model::Config cfg = test::tiny_model();
+  const KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
+  const datasets::Batch b = test::random_tokens(2, 5, 9);
+  for (const bool tie : {false, true})
+  for (const char* fmt : {"fp32", "int4"}) {
+    cfg.tie_embeddings = tie;  // tied and dense: the head reads the embedding, no buffer of its own
+    const auto w = test::test_weights(cfg, 4);
+    std::optional<quant::Spec> spec;
+    if (fmt != std::string("fp32")) spec = quant::parse_spec(fmt);
+    auto home = make_cpu_device();
+    ContiguousCache ch(*home, s);
+    const Decoder resident(*home, cfg, w, ch, spec);
+    const auto resident_bytes = static_cast<int64_t>(home->memory().by_tag(Tag::weights).live);
+    for (int64_t host_layers = 1; host_layers <= cfg.layers; ++host_layers) {
+      auto d0 = make_cpu_device(), d1 = make_cpu_device();
+      ContiguousCache c0(*d0, s), c1(*d1, s);
+      Decoder plain(*d0, cfg, w, c0, spec), off(*d1, cfg, w, c1, spec, host_layers);
+      // The host pool holds the offloaded projections; the device the rest plus one staging layer.
+      const auto host = static_cast<int64_t>(d1->host().by_tag(Tag::weights).live);
+      EXPECT_EQ(host, off.weight_host_bytes()) << fmt;
+      EXPECT_GT(host, 0);
+      EXPECT_EQ(static_cast<int64_t>(d1->memory().by_tag(Tag::weights).live),
+                resident_bytes - host + off.weight_staging_bytes()) << fmt;
+      EXPECT_GE(off.weight_staging_bytes() * host_layers, host) << "the staging area holds one layer";
+      EXPECT_EQ(off.weight_bytes_stored(), plain.weight_bytes_stored());
+      const std::vector<int64_t> r0 = {c0.add(5), c0.add(5)}, r1 = {c1.add(5), c1.add(5)};
+      std::vector<float> z0(2 * cfg.vocab), z1(2 * cfg.vocab);
+      for (int64_t t = 0; t < 5; ++t) {
+        const std::vector<int32_t> tok = {b.inputs[t], b.inputs[5 + t]};
+        plain.step(r0, tok, z0.data());
+        off.step(r1, tok, z1.data());
+        EXPECT_EQ(z0, z1) << fmt << " host_layers " << host_layers << " step " << t;  // the same bytes, the same math
+      }
+      EXPECT_EQ(off.weight_bytes_to_device(), 5 * host);
+      EXPECT_EQ(plain.weight_bytes_to_device(), 0);
+    }
+  }
+  const auto w = test::test_weights(cfg, 4);
+  auto dev = make_cpu_device();
+  ContiguousCache c(*dev, s);
+  EXPECT_THROW(Decoder(*dev, cfg, w, c, std::nullopt, cfg.layers + 1), Error);
+  EXPECT_THROW(Decoder(*dev, cfg, w, c, std::nullopt, -1), Error);
+}

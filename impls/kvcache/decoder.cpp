@@ -1,5 +1,6 @@
 #include "impls/kvcache/decoder.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,24 +13,35 @@ namespace memtrade::kvcache {
 
 using namespace memtrade::model;
 
-Decoder::Linear Decoder::linear(const float* dense, const float* source, int64_t out, int64_t in,
-                                const std::optional<quant::Spec>& spec) {
+namespace {
+// Each projection's offset in the staging area is a multiple of this.
+constexpr std::size_t kStagingAlign = 64;
+std::size_t staging_slot(std::size_t bytes) { return (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign; }
+}  // namespace
+
+Decoder::Linear Decoder::linear(const float* source, int64_t out, int64_t in, const std::optional<quant::Spec>& spec,
+                                TrackedAllocator& pool) {
   Linear w;
-  if (!spec) {
-    w.dense = dense;
-    weight_bytes_ += 4.0 * static_cast<double>(out * in);
-    return w;
+  std::size_t bytes = static_cast<std::size_t>(out * in) * sizeof(float);
+  if (spec) {
+    w.dense = false;
+    w.layout = quant::layout(*spec, out, in);
+    bytes = static_cast<std::size_t>(w.layout.total_bytes());
   }
-  w.layout = quant::layout(*spec, out, in);
-  w.blob = Buffer(dev_.memory(), w.layout.total_bytes(), Tag::weights);
-  quant::quantize(w.layout, source, w.blob.as<uint8_t>());
-  weight_bytes_ += static_cast<double>(w.layout.total_bytes());
+  w.store = Buffer(pool, bytes, Tag::weights);
+  if (spec)
+    quant::quantize(w.layout, source, w.store.as<uint8_t>());
+  else
+    std::memcpy(w.store.data(), source, bytes);
+  w.at = w.store.as<uint8_t>();
+  weight_bytes_ += static_cast<double>(bytes);
   return w;
 }
 
 void Decoder::apply(const Linear& w, const float* X, int64_t B, int64_t out, int64_t in, float* Y, bool accumulate) {
   if (w.dense) {
-    blas::sgemm(false, true, B, out, in, 1.f, X, in, w.dense, in, accumulate ? 1.f : 0.f, Y, out);
+    blas::sgemm(false, true, B, out, in, 1.f, X, in, reinterpret_cast<const float*>(w.at), in, accumulate ? 1.f : 0.f,
+                Y, out);
     return;
   }
   Buffer tmp;
@@ -39,64 +51,89 @@ void Decoder::apply(const Linear& w, const float* X, int64_t B, int64_t out, int
     dst = tmp.as<float>();
   }
   if (B == 1) {
-    quant::matvec_cpu(w.layout, w.blob.as<uint8_t>(), X, dst);
+    quant::matvec_cpu(w.layout, w.at, X, dst);
   } else {
     Buffer ws(dev_.memory(), quant::matmul_workspace_bytes(w.layout, B), Tag::workspace);
-    quant::matmul_cpu(w.layout, w.blob.as<uint8_t>(), X, B, dst, ws.as<float>());
+    quant::matmul_cpu(w.layout, w.at, X, B, dst, ws.as<float>());
   }
   if (accumulate)
     for (int64_t i = 0; i < B * out; ++i) Y[i] += dst[i];
 }
 
 Decoder::Decoder(Device& dev, const Config& c, std::span<const float> params, KvCache& cache,
-                 std::optional<quant::Spec> weights)
-    : dev_(dev), c_(c), L_(param_layout(c)), cache_(cache) {
+                 std::optional<quant::Spec> weights, int64_t host_layers)
+    : dev_(dev), c_(c), L_(param_layout(c)), cache_(cache), host_layers_(host_layers) {
   MT_CHECK(static_cast<int64_t>(params.size()) == L_.total, "decoder: the parameters do not match the config");
   const KvShape& s = cache.shape();
   MT_CHECK(s.layers == c.layers && s.kv_heads == c.kv_heads && s.head_dim == c.head_dim(),
            "decoder: the cache's shape does not match the model");
   MT_CHECK(dev.backend() == Backend::cpu, "decoder: CPU only");
+  MT_CHECK(host_layers >= 0 && host_layers <= c.layers, "decoder: host_layers must be in [0, " +
+                                                            std::to_string(c.layers) + "], got " + std::to_string(host_layers));
   const int64_t D = c.dim, KV = c.kv_dim(), F = c.ffn, V = c.vocab;
-  // fp32 storage: everything (dense), or the embedding and the norms only (quantized projections).
-  const int64_t fp32_floats = weights ? V * D + (2 * c.layers + 1) * D : L_.total;
-  weights_ = Buffer(dev.memory(), static_cast<std::size_t>(fp32_floats) * sizeof(float), Tag::weights);
+  // One fp32 buffer for the embedding and the norms; every projection and the head in its own.
+  weights_ = Buffer(dev.memory(), static_cast<std::size_t>(V * D + (2 * c.layers + 1) * D) * sizeof(float), Tag::weights);
   float* w = weights_.as<float>();
-  if (!weights) {
-    std::memcpy(w, params.data(), params.size() * sizeof(float));
-  } else {
-    std::memcpy(w, params.data() + L_.embed, static_cast<std::size_t>(V * D) * sizeof(float));
-    int64_t at = V * D;
-    for (const auto& P : L_.layer)
-      for (int64_t off : {P.attn_norm, P.mlp_norm}) {
-        std::memcpy(w + at, params.data() + off, static_cast<std::size_t>(D) * sizeof(float));
-        at += D;
-      }
-    std::memcpy(w + at, params.data() + L_.final_norm, static_cast<std::size_t>(D) * sizeof(float));
-  }
-  // Where each fp32 tensor lives now.
-  auto fp32 = [&](int64_t offset) { return weights ? nullptr : w + offset; };
-  embed_ = weights ? w : w + L_.embed;
+  const float* src = params.data();
+  std::memcpy(w, src + L_.embed, static_cast<std::size_t>(V * D) * sizeof(float));
+  embed_ = w;
+  int64_t at = V * D;
+  auto norm = [&](int64_t offset) {
+    std::memcpy(w + at, src + offset, static_cast<std::size_t>(D) * sizeof(float));
+    at += D;
+    return w + at - D;
+  };
+  std::size_t staging = 0;
   for (int64_t l = 0; l < c.layers; ++l) {
     const auto& P = L_.layer[l];
-    attn_norm_.push_back(weights ? w + V * D + 2 * l * D : w + P.attn_norm);
-    mlp_norm_.push_back(weights ? w + V * D + (2 * l + 1) * D : w + P.mlp_norm);
-    const float* src = params.data();
-    layers_.push_back({linear(fp32(P.wq), src + P.wq, D, D, weights), linear(fp32(P.wk), src + P.wk, KV, D, weights),
-                       linear(fp32(P.wv), src + P.wv, KV, D, weights), linear(fp32(P.wo), src + P.wo, D, D, weights),
-                       linear(fp32(P.wg), src + P.wg, F, D, weights), linear(fp32(P.wu), src + P.wu, F, D, weights),
-                       linear(fp32(P.wd), src + P.wd, D, F, weights)});
+    attn_norm_.push_back(norm(P.attn_norm));
+    mlp_norm_.push_back(norm(P.mlp_norm));
+    TrackedAllocator& pool = l < host_layers ? dev.host() : dev.memory();
+    layers_.push_back({linear(src + P.wq, D, D, weights, pool), linear(src + P.wk, KV, D, weights, pool),
+                       linear(src + P.wv, KV, D, weights, pool), linear(src + P.wo, D, D, weights, pool),
+                       linear(src + P.wg, F, D, weights, pool), linear(src + P.wu, F, D, weights, pool),
+                       linear(src + P.wd, D, F, weights, pool)});
+    if (l < host_layers) {
+      std::size_t bytes = 0;
+      for (const Linear& lin : layers_.back()) bytes += staging_slot(lin.store.bytes());
+      staging = std::max(staging, bytes);
+    }
   }
-  final_norm_ = weights ? w + V * D + 2 * c.layers * D : w + L_.final_norm;
-  std::optional<quant::Spec> head;
-  if (weights) head = quant::parse_spec("int8");
-  head_ = linear(fp32(L_.head), params.data() + L_.head, V, D, head);
+  final_norm_ = norm(L_.final_norm);
+  if (!weights && c.tie_embeddings) {  // the head reads the embedding's rows
+    head_.at = reinterpret_cast<const uint8_t*>(embed_);
+    weight_bytes_ += 4.0 * static_cast<double>(V * D);
+  } else {
+    std::optional<quant::Spec> head;
+    if (weights) head = quant::parse_spec("int8");
+    head_ = linear(src + L_.head, V, D, head, dev.memory());
+  }
+  if (staging > 0) staging_ = Buffer(dev.memory(), staging, Tag::weights);
+}
+
+void Decoder::stage(int64_t l) {
+  std::size_t off = 0;
+  for (Linear& w : layers_[l]) {
+    const std::size_t n = w.store.bytes();
+    dev_.copy(staging_.as<uint8_t>() + off, w.store.data(), n, CopyKind::host_to_device);
+    w.at = staging_.as<uint8_t>() + off;
+    off += staging_slot(n);
+    to_device_ += static_cast<int64_t>(n);
+  }
 }
 
 double Decoder::weight_bytes_stored() const {
   double b = static_cast<double>(weights_.bytes());
   for (const auto& layer : layers_)
-    for (const Linear& w : layer) b += static_cast<double>(w.blob.bytes());
-  return b + static_cast<double>(head_.blob.bytes());
+    for (const Linear& w : layer) b += static_cast<double>(w.store.bytes());
+  return b + static_cast<double>(head_.store.bytes());
+}
+
+int64_t Decoder::weight_host_bytes() const {
+  int64_t b = 0;
+  for (int64_t l = 0; l < host_layers_; ++l)
+    for (const Linear& w : layers_[l]) b += static_cast<int64_t>(w.store.bytes());
+  return b;
 }
 
 void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits) {
@@ -126,6 +163,7 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
   };
   const KvShape& s = cache_.shape();
   for (int64_t l = 0; l < c_.layers; ++l) {
+    if (l < host_layers_) stage(l);
     const auto& P = layers_[l];
     rmsnorm_forward(x, attn_norm_[l], xn, r, B, D, c_.norm_eps);
     apply(P[0], xn, B, D, D, q, false);

@@ -10,6 +10,12 @@
 // lm_head is stored in int8 per channel (as GGUF files keep the output matrix in Q8_0); the embedding
 // rows are read from fp32. That is the decode loop of a quantized runtime: its tokens per second and
 // perplexity through the cache, per weight format and KV type.
+//
+// Weight offload (host_layers > 0): the projections of the first host_layers layers live in the host
+// pool (pinned on CUDA; tag weights), as llama.cpp keeps the layers it does not offload to the GPU;
+// before such a layer runs, its seven projections are copied into one device staging area the size of
+// the largest offloaded layer, so every decode step moves every offloaded layer's bytes to the device
+// once (counted by weight_bytes_to_device()). On the CPU backend the copy is a host copy.
 #pragma once
 
 #include <array>
@@ -27,27 +33,39 @@ namespace memtrade::kvcache {
 class Decoder {
  public:
   Decoder(Device& dev, const model::Config& c, std::span<const float> params, KvCache& cache,
-          std::optional<quant::Spec> weights = std::nullopt);
+          std::optional<quant::Spec> weights = std::nullopt, int64_t host_layers = 0);
   // Bytes of the weights the decode step reads (every projection and lm_head as stored).
   double weight_bytes_read() const { return weight_bytes_; }
-  // Bytes of every weight as the decoder stores it (those read per token, the fp32 embedding and norms).
+  // Bytes of every weight as the decoder stores it (those read per token, the fp32 embedding and norms),
+  // in the device and the host pool together.
   double weight_bytes_stored() const;
+  // Weight offload: bytes of the projections in the host pool, of the device staging area, and copied
+  // host -> device since construction or the last reset.
+  int64_t weight_host_bytes() const;
+  int64_t weight_staging_bytes() const { return static_cast<int64_t>(staging_.bytes()); }
+  int64_t weight_bytes_to_device() const { return to_device_; }
+  void reset_weight_traffic() { to_device_ = 0; }
   // Appends tokens[i] to request reqs[i] (Error when the cache refuses) and writes the logits of each
   // request's next token, [reqs x vocab].
   void step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits);
   const model::Config& config() const { return c_; }
 
  private:
-  // One linear layer [out x in]: dense fp32 rows in weights_, or a quantized blob.
+  // One linear layer [out x in]: dense fp32 rows or a quantized blob, in its own buffer (or, for a tied
+  // dense head, the embedding's rows).
   struct Linear {
-    const float* dense = nullptr;
+    bool dense = true;
     quant::QLayout layout;
-    Buffer blob;
+    Buffer store;
+    const uint8_t* at = nullptr;  // where the kernels read it now: store, the staging area or the embedding
   };
-  // dense: the fp32 rows in weights_ (no format); source: the caller's fp32 values to quantize.
-  Linear linear(const float* dense, const float* source, int64_t out, int64_t in, const std::optional<quant::Spec>& spec);
+  // The source's fp32 values [out x in] stored as fp32 or in the format, in `pool`.
+  Linear linear(const float* source, int64_t out, int64_t in, const std::optional<quant::Spec>& spec,
+                TrackedAllocator& pool);
   // Y [B x out] (= or +=) X [B x in] W^T.
   void apply(const Linear& w, const float* X, int64_t B, int64_t out, int64_t in, float* Y, bool accumulate);
+  // Copies layer l's projections from the host pool into the staging area and points them there.
+  void stage(int64_t l);
 
   Device& dev_;
   model::Config c_;
@@ -59,6 +77,8 @@ class Decoder {
   std::vector<std::array<Linear, 7>> layers_;  // q, k, v, o, gate, up, down
   Linear head_;
   double weight_bytes_ = 0;
+  int64_t host_layers_ = 0, to_device_ = 0;
+  Buffer staging_;
 };
 
 // Cross-entropy of one row of logits against its target, in double (log-sum-exp shifted by the max).

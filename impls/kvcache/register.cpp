@@ -178,7 +178,7 @@ struct QualityProblem final : Problem {
   std::optional<quant::Spec> weights;  // projections' format (none: fp32)
   datasets::Batch windows;            // batch x seq validation tokens
   std::vector<double> full_losses;    // per (row, position), from the full-sequence fp32 forward
-  int64_t block = 16, hot_tokens = 256;
+  int64_t block = 16, hot_tokens = 256, host_layers = 0;
 };
 
 std::unique_ptr<Problem> prepare_quality(const Case& c) {
@@ -188,6 +188,9 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   p->shape = KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), parse_kv_type(c.text("kv_dtype"))};
   p->block = c.integer("block", 16);
   p->hot_tokens = c.integer("hot_tokens", 256);
+  p->host_layers = c.integer("host_layers", 0);
+  MT_CHECK(p->host_layers <= cfg.layers, "kvcache_model: host_layers " + std::to_string(p->host_layers) +
+                                             " is more than the model's " + std::to_string(cfg.layers) + " layers");
   if (const std::string w = c.text("weights", "fp32"); w != "fp32") p->weights = quant::parse_spec(w);
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
   p->windows = datasets::sample_batch(p->data->val(), batch, seq,
@@ -217,7 +220,9 @@ double mean_of(const std::vector<double>& v) {
 
 class QualityWorkload final : public Workload {
  public:
-  QualityWorkload(const QualityProblem& p, bool paged, Device& dev, bool offload = false) : p_(p) {
+  // host_layers > 0: weight offload (the decoder's first host_layers layers in the host pool).
+  QualityWorkload(const QualityProblem& p, bool paged, Device& dev, bool offload = false, int64_t host_layers = 0)
+      : p_(p) {
     if (dev.backend() != Backend::cpu) throw Skip("the decoder runs on the CPU");
     const int64_t B = p.windows.batch, T = p.windows.context, blocks = (T + p.block - 1) / p.block;
     if (offload) {
@@ -229,10 +234,11 @@ class QualityWorkload final : public Workload {
     } else {
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
     }
-    decoder_ = std::make_unique<Decoder>(dev, p.data->model.cfg, p.data->model.params, *cache_, p.weights);
+    decoder_ = std::make_unique<Decoder>(dev, p.data->model.cfg, p.data->model.params, *cache_, p.weights, host_layers);
   }
   void run() override {
     if (offload_) offload_->reset_traffic();
+    decoder_->reset_weight_traffic();
     losses_ = teacher_forced_losses(*decoder_, *cache_, p_.windows);
   }
   // The per-token losses against the full-sequence fp32 forward's (not a float64 oracle: a float64
@@ -273,6 +279,13 @@ class QualityWorkload final : public Workload {
       const double moved = static_cast<double>(offload_->traffic().to_device);
       c["kv_to_device_bytes"] = moved;
       c["kv_to_host_bytes"] = static_cast<double>(offload_->traffic().to_host);
+      add_modelled_link_time(c, moved);
+    }
+    if (decoder_->weight_host_bytes() > 0) {  // one run: every decode step stages each offloaded layer
+      const double moved = static_cast<double>(decoder_->weight_bytes_to_device());
+      c["weight_host_bytes"] = static_cast<double>(decoder_->weight_host_bytes());
+      c["weight_staging_bytes"] = static_cast<double>(decoder_->weight_staging_bytes());
+      c["weight_to_device_bytes"] = moved;
       add_modelled_link_time(c, moved);
     }
   }
@@ -324,21 +337,23 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
 }
 
 // offload-latency: "offloading KV or weights to the CPU costs 2-5x latency", as the offloaded decode's
-// time over the same case's paged decode. It needs two memories and a link between them (CUDA); on the
-// CPU backend the staging copy is a memcpy within one memory, so the host-copy ratio and the modelled
-// PCIe ratios ((paged time + staged bytes at 25 / 50 GB/s) / paged time) are reported, not decided.
+// time (KV: paged-offload, weights: weight-offload) over the same case's paged decode. It needs two
+// memories and a link between them (CUDA); on the CPU backend the staging copy is a memcpy within one
+// memory, so the host-copy ratio and the modelled PCIe ratios ((paged time + staged bytes at 25 / 50
+// GB/s) / paged time) are reported, not decided.
 ClaimResult check_offload_latency(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
   const double noise = spec.data.value("noise", 0.05);
   std::string measured;
   std::vector<std::string> verdicts;
   for (const auto& r : recs) {
-    if (r.technique != "kvcache_model" || r.impl != "paged-offload" || r.status != "ok") continue;
+    if (r.technique != "kvcache_model" || (r.impl != "paged-offload" && r.impl != "weight-offload") || r.status != "ok")
+      continue;
     const Record* p = same_case(recs, r, "paged");
     if (!p || p->status != "ok") continue;
     const double t = stats::median(p->times_s);
     const auto [ratio, u] = time_ratio(r, *p, noise);
-    measured += std::string(backend_name(r.backend)) + " " + r.kase.id + fmt(": offload/paged x%.2f +- %.2f", ratio, u) +
+    measured += std::string(backend_name(r.backend)) + " " + r.kase.id + "/" + r.impl + fmt(": offload/paged x%.2f +- %.2f", ratio, u) +
                 fmt(" (modelled with PCIe 4 copies x%.2f, PCIe 5 x%.2f); ", (t + r.counter("offload_modelled_pcie4_s")) / t,
                     (t + r.counter("offload_modelled_pcie5_s")) / t);
     if (r.backend == Backend::cuda) verdicts.push_back(decide(ratio, u, band));
@@ -599,6 +614,7 @@ void register_technique(Registry& r) {
         int_param("seq", "tokens per window", 128),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("hot_tokens", "paged-offload: newest tokens per window kept on the device", 256, 1),
+        int_param("host_layers", "weight-offload: layers whose projections live in the host pool (0: not run)", 0, 0),
         int_param("seed", "window sampling", 1, 0),
         text_param("corpus_dir", "fortunes directory; default: $MEMTRADE_FORTUNES_DIR or the Debian path", ""),
         text_param("corpus_sha256", "the corpus checksum the case expects (a mismatch is an error)", ""),
@@ -616,6 +632,12 @@ void register_technique(Registry& r) {
         {"kv_to_device_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
          "paged-offload: cold KV staged to the device over the run (every layer, every step)"},
         {"kv_to_host_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "paged-offload: blocks moved to the host over the run"},
+        {"weight_host_bytes", "bytes", Better::none, Gate::exact, 0, 0,
+         "weight-offload: the offloaded layers' projections in the host pool"},
+        {"weight_staging_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
+         "weight-offload: the device staging area (one offloaded layer, 64-byte aligned projections)"},
+        {"weight_to_device_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
+         "weight-offload: projections staged to the device over the run (every offloaded layer, every step)"},
     };
     for (auto& m : modelled_link_metrics("the bytes staged over the run")) t.schema.metrics.push_back(std::move(m));
     // The error is the per-token losses against the full forward's in fp32. With fp32 storage and fp32
@@ -645,6 +667,17 @@ void register_technique(Registry& r) {
                                                  "decoder over block tables");
     add_offload<QualityProblem, QualityWorkload>(t, "seq", "decoder over block tables, each window's newest hot_tokens on "
                                                             "the device and older blocks in the host pool, staged per layer");
+    {
+      Impl i = typed_impl<QualityProblem>(
+          t.name, "weight-offload", Role::optimized, Backend::cpu,
+          "decoder over block tables on the device; the first host_layers layers' projections in the host pool, "
+          "staged to the device before the layer runs, every step (on the CPU backend a host copy)",
+          [](const QualityProblem& p, Device& d) { return std::make_unique<QualityWorkload>(p, true, d, false, p.host_layers); });
+      i.not_applicable = [](const Case& c) {
+        return c.integer("host_layers", 0) == 0 ? std::string("host_layers is 0: no layer to offload") : std::string();
+      };
+      t.impls.push_back(std::move(i));
+    }
     t.claims["kv-fp8"] = check_kv_fp8;
     t.claims["offload-latency"] = check_offload_latency;
     r.add(std::move(t));
