@@ -22,7 +22,16 @@ using namespace memtrade::kvcache;
 
 namespace {
 
-constexpr KvType kTypes[] = {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3};
+constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,     KvType::f16,
+                             KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static};
+
+// fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s.
+void random_static_scales(KvShape& s, uint64_t seed) {
+  if (s.type != KvType::fp8_e4m3_static) return;
+  std::mt19937_64 rng(seed);
+  s.static_scales.resize(static_cast<std::size_t>(s.layers * 2 * s.kv_heads));
+  for (float& x : s.static_scales) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -1 + static_cast<int>(rng() % 2));
+}
 
 std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
   std::vector<float> v(n);
@@ -37,7 +46,7 @@ void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
     uint8_t* e = c.entry(r, l, pos);
     for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
       const auto x = normals(s.head_dim, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
-      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes());
+      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes(), s.scale(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
     }
   }
 }
@@ -53,8 +62,10 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
     const KvShape s{1, 1, hd, t};
     std::vector<uint8_t> rec(s.head_bytes());
     std::vector<float> y(hd);
-    encode_head(t, x.data(), hd, rec.data());
-    decode_head(t, rec.data(), hd, y.data());
+    // fp8-e4m3-static: the scale calibration would give for this vector (amax / 448).
+    const float ss = t == KvType::fp8_e4m3_static ? amax / 448.f : 1.f;
+    encode_head(t, x.data(), hd, rec.data(), ss);
+    decode_head(t, rec.data(), hd, y.data(), ss);
     for (int64_t i = 0; i < hd; ++i) {
       // fp32 exact; bf16/fp16 half an ulp (2^-9 / 2^-12 relative); int8 half a step amax/127 / 2;
       // fp8-e4m3 half an ulp of a 3-bit mantissa (2^-4 relative) or half the subnormal step.
@@ -67,9 +78,26 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
       EXPECT_LE(err, bound) << kv_type_name(t) << " element " << i;
     }
     const std::vector<float> zeros(hd, 0.f);
-    encode_head(t, zeros.data(), hd, rec.data());
-    decode_head(t, rec.data(), hd, y.data());
+    encode_head(t, zeros.data(), hd, rec.data(), ss);
+    decode_head(t, rec.data(), hd, y.data(), ss);
     for (float v : y) EXPECT_EQ(v, 0.f) << kv_type_name(t);
+    if (t == KvType::fp8_e4m3_static) {  // element by element: NaN stays NaN, beyond the range saturates
+      auto bad = x;
+      bad[5] = NAN;
+      bad[6] = std::numeric_limits<float>::infinity();
+      bad[7] = -1000 * amax;
+      encode_head(t, bad.data(), hd, rec.data(), ss);
+      decode_head(t, rec.data(), hd, y.data(), ss);
+      EXPECT_TRUE(std::isnan(y[5]));
+      EXPECT_EQ(y[6], 448.f * ss);
+      EXPECT_EQ(y[7], -448.f * ss);
+      EXPECT_EQ(y[4], [&] {
+        std::vector<float> z(hd);
+        encode_head(t, x.data(), hd, rec.data(), ss);
+        decode_head(t, rec.data(), hd, z.data(), ss);
+        return z[4];
+      }());
+    }
     if (t == KvType::int8 || t == KvType::fp8_e4m3) {
       auto bad = x;
       bad[5] = NAN;
@@ -84,6 +112,8 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
   }
   EXPECT_EQ((KvShape{30, 3, 64, KvType::int8}).token_bytes() * 2 - 30 * 2 * 3 * 4 * 2,
             (KvShape{30, 3, 64, KvType::bf16}).token_bytes());  // half of bf16 plus the scales
+  EXPECT_EQ((KvShape{30, 3, 64, KvType::fp8_e4m3_static}).token_bytes() * 2,
+            (KvShape{30, 3, 64, KvType::bf16}).token_bytes());  // exactly half: the scales live in the shape
 }
 
 TEST(PagedCache, RandomOperationsNeverLeakOrDoubleFreeBlocks) {
@@ -167,7 +197,8 @@ TEST(DecodeAttention, PagedEqualsContiguousBitForBitOverRandomBlockTables) {
   auto dev = make_cpu_device();
   std::mt19937_64 rng(9);
   for (KvType t : kTypes) {
-    const KvShape s{2, 2, 32, t};
+    KvShape s{2, 2, 32, t};
+    random_static_scales(s, 4);
     const int64_t heads = 6, B = 5, max_len = 300;
     std::vector<int64_t> len(B);
     for (int64_t b = 0; b < B; ++b) len[b] = 1 + static_cast<int64_t>(rng() % max_len);
@@ -487,4 +518,130 @@ TEST(Decoder, WeightOffloadGivesTheSameLogitsAndMovesEachOffloadedLayerEveryStep
   ContiguousCache c(*dev, s);
   EXPECT_THROW(Decoder(*dev, cfg, w, c, std::nullopt, cfg.layers + 1), Error);
   EXPECT_THROW(Decoder(*dev, cfg, w, c, std::nullopt, -1), Error);
+}
+
+TEST(KvRecords, StaticScalesAreCheckedWhereTheCacheIsMade) {
+  auto dev = make_cpu_device();
+  KvShape s{2, 3, 8, KvType::fp8_e4m3_static};
+  s.static_scales.assign(11, 1.f);  // 2 layers x K, V x 3 heads = 12
+  EXPECT_THROW(ContiguousCache(*dev, s), Error);
+  s.static_scales.assign(12, 1.f);
+  s.static_scales[7] = 0.f;
+  EXPECT_THROW(PagedCache(*dev, s, 4, 4), Error);
+  s.static_scales[7] = NAN;
+  EXPECT_THROW(ContiguousCache(*dev, s), Error);
+  s.static_scales[7] = 0.25f;
+  ContiguousCache c(*dev, s);
+  EXPECT_EQ(c.shape().scale(1, 0, 1), 0.25f);  // (layer 1, K, head 1)
+  EXPECT_EQ(c.shape().scale(0, 1, 0), 1.f);
+}
+
+TEST(Decoder, CalibratedStaticFp8ScalesAreTheAmaxOver448AndKeepE4m3Precision) {
+  const model::Config cfg = test::tiny_model();
+  const auto w = test::test_weights(cfg, 4);
+  const int64_t T = 8;
+  const datasets::Batch calib = test::random_tokens(4, T, 21), eval = test::random_tokens(2, T, 22);
+  const std::vector<float> scales = calibrate_kv_scales(cfg, w, std::nullopt, calib);
+  ASSERT_EQ(static_cast<int64_t>(scales.size()), cfg.layers * 2 * cfg.kv_heads);
+  // Each scale is the amax over the calibration windows' K or V of its head, / 448: recomputed here from
+  // a decoder over an fp32 cache.
+  {
+    auto dev = make_cpu_device();
+    ContiguousCache cache(*dev, KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32});
+    Decoder d(*dev, cfg, w, cache);
+    std::vector<int64_t> reqs;
+    for (int64_t i = 0; i < 4; ++i) reqs.push_back(cache.add(T));
+    std::vector<float> z(4 * cfg.vocab), amax(scales.size(), 0.f);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> tok;
+      for (int64_t i = 0; i < 4; ++i) tok.push_back(calib.inputs[i * T + t]);
+      d.step(reqs, tok, z.data());
+    }
+    const KvShape& s = cache.shape();
+    for (int64_t r : reqs)
+      for (int64_t l = 0; l < cfg.layers; ++l)
+        for (int64_t pos = 0; pos < T; ++pos)
+          for (int64_t h = 0; h < 2 * cfg.kv_heads; ++h) {
+            const float* x = reinterpret_cast<const float*>(cache.entry(r, l, pos) + h * s.head_bytes());
+            for (int64_t i = 0; i < s.head_dim; ++i) amax[(l * 2 + h / cfg.kv_heads) * cfg.kv_heads + h % cfg.kv_heads] =
+                std::max(amax[(l * 2 + h / cfg.kv_heads) * cfg.kv_heads + h % cfg.kv_heads], std::abs(x[i]));
+          }
+    for (std::size_t i = 0; i < scales.size(); ++i) EXPECT_EQ(scales[i], amax[i] / 448.f) << i;
+  }
+  // Through a cache with these scales, the calibration windows' K and V (within the calibrated range by
+  // construction) keep E4M3's precision: half an ulp of 3 mantissa bits, or half the subnormal step s 2^-9.
+  // Layer 0 only: its K and V come from the embeddings alone, so the fp32 and fp8 decoders compute the
+  // same values before storing them (later layers see the 8-bit attention of the layers before).
+  {
+    auto d32 = make_cpu_device(), d8 = make_cpu_device();
+    KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
+    ContiguousCache c32(*d32, s);
+    s.type = KvType::fp8_e4m3_static;
+    s.static_scales = scales;
+    ContiguousCache c8(*d8, s);
+    Decoder a32(*d32, cfg, w, c32), a8(*d8, cfg, w, c8);
+    const std::vector<int64_t> r32 = {c32.add(T)}, r8 = {c8.add(T)};
+    std::vector<float> z(cfg.vocab), x(s.head_dim);
+    for (int64_t t = 0; t < T; ++t) {
+      a32.step(r32, std::vector<int32_t>{calib.inputs[t]}, z.data());
+      a8.step(r8, std::vector<int32_t>{calib.inputs[t]}, z.data());
+    }
+    int64_t checked = 0;
+    for (int64_t l = 0; l < 1; ++l)
+      for (int64_t pos = 0; pos < T; ++pos)
+        for (int64_t h = 0; h < 2 * cfg.kv_heads; ++h) {
+          const float sc = s.scale(l, h < cfg.kv_heads ? 0 : 1, h % cfg.kv_heads);
+          const float* want = reinterpret_cast<const float*>(c32.entry(r32[0], l, pos) + h * c32.shape().head_bytes());
+          decode_head(s.type, c8.entry(r8[0], l, pos) + h * s.head_bytes(), s.head_dim, x.data(), sc);
+          for (int64_t i = 0; i < s.head_dim; ++i, ++checked)
+            ASSERT_LE(std::abs(x[i] - want[i]), std::ldexp(std::abs(want[i]), -4) + std::ldexp(sc, -10))
+                << "layer " << l << " pos " << pos << " record " << h << " element " << i;
+        }
+    EXPECT_EQ(checked, T * 2 * cfg.kv_heads * cfg.head_dim());
+  }
+  // Where V outgrows E4M3's range (448), unit scales saturate it and calibrated scales do not: the same
+  // model with every v_proj weight x1000, logits through each cache against the fp32 cache's.
+  auto big = w;
+  const auto L = model::param_layout(cfg);
+  for (const auto& P : L.layer)
+    for (int64_t i = 0; i < cfg.kv_dim() * cfg.dim; ++i) big[P.wv + i] *= 1000.f;
+  const std::vector<float> big_scales = calibrate_kv_scales(cfg, big, std::nullopt, calib);
+  ASSERT_GT(*std::max_element(big_scales.begin(), big_scales.end()), 1.f) << "V must exceed 448 for this check";
+  auto logits = [&](KvShape s) {
+    auto dev = make_cpu_device();
+    ContiguousCache cache(*dev, s);
+    Decoder d(*dev, cfg, big, cache);
+    const std::vector<int64_t> reqs = {cache.add(T), cache.add(T)};
+    std::vector<float> z(2 * cfg.vocab), all;
+    for (int64_t t = 0; t < T; ++t) {
+      d.step(reqs, std::vector<int32_t>{calib.inputs[t], calib.inputs[T + t]}, z.data());
+      all.insert(all.end(), z.begin(), z.end());
+    }
+    return all;
+  };
+  KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
+  const auto ref = logits(s);
+  s.type = KvType::fp8_e4m3_static;
+  const auto unit = logits(s);
+  s.static_scales = big_scales;
+  const auto calibrated = logits(s);
+  auto rel = [&](const std::vector<float>& a) {
+    double e = 0, n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      e += std::pow(static_cast<double>(a[i]) - ref[i], 2);
+      n += std::pow(static_cast<double>(ref[i]), 2);
+    }
+    return std::sqrt(e / n);
+  };
+  EXPECT_GT(rel(calibrated), 0.0);
+  EXPECT_LT(5 * rel(calibrated), rel(unit)) << "calibrated " << rel(calibrated) << ", unit " << rel(unit);
+  // A non-finite K stops the calibration with the layer's name.
+  auto bad = w;
+  bad[model::param_layout(cfg).layer[1].wk] = NAN;
+  try {
+    calibrate_kv_scales(cfg, bad, std::nullopt, calib);
+    ADD_FAILURE() << "a NaN weight passed calibration";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite K at layer 1"), std::string::npos) << e.what();
+  }
 }

@@ -32,7 +32,8 @@ void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const fl
   c.runs(req, layer, [&](const uint8_t* e, int64_t pos, int64_t count) {
     for (int64_t t = 0; t < count; ++t)
       for (int64_t r = 0; r < 2 * s.kv_heads; ++r) {
-        decode_head(s.type, e + (t * 2 * s.kv_heads + r) * s.head_bytes(), hd, tmp.data());
+        decode_head(s.type, e + (t * 2 * s.kv_heads + r) * s.head_bytes(), hd, tmp.data(),
+                    s.scale(layer, r < s.kv_heads ? 0 : 1, r % s.kv_heads));
         std::copy(tmp.begin(), tmp.end(), kv.begin() + ((pos + t) * 2 * s.kv_heads + r) * hd);
       }
   });
@@ -62,7 +63,8 @@ namespace {
 
 constexpr int64_t kChunk = 8;  // tokens scored together (chunks start at multiples of 8 positions)
 
-// The same values as decode_head, written so that the compiler vectorizes them (fp8 through a table).
+// The same values as decode_head, written so that the compiler vectorizes them (fp8 through a table);
+// fp8-e4m3-static without its scale (the kernel applies it to the scores and the output).
 void decode_fast(KvType t, const uint8_t* r, int64_t n, float* x) {
   static const std::array<float, 256> fp8 = [] {
     std::array<float, 256> a{};
@@ -89,6 +91,9 @@ void decode_fast(KvType t, const uint8_t* r, int64_t n, float* x) {
         for (int64_t i = 0; i < n; ++i) x[i] = s * fp8[r[i]];
       return;
     }
+    case KvType::fp8_e4m3_static:
+      for (int64_t i = 0; i < n; ++i) x[i] = fp8[r[i]];
+      return;
     default: decode_head(t, r, n, x);
   }
 }
@@ -115,6 +120,8 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t b = u / s.kv_heads, g = u % s.kv_heads;
+    // Static fp8 scales: q.(s_k k) = s_k (q.k) and sum p (s_v v) = s_v sum p v (1 for other types).
+    const float qk_scale = scale * s.scale(layer, 0, g), v_scale = s.scale(layer, 1, g);
     const float* qg = q + (b * heads + g * group) * hd;  // the group's query heads, consecutive
     float* og = out + (b * heads + g * group) * hd;
     alignas(64) float k[kChunk][256], v[kChunk][256];
@@ -143,7 +150,7 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
       }
       for (int64_t j = 0; j < group; ++j) {
         float mx = m[j];
-        for (int64_t t = 0; t < count; ++t) mx = std::max(mx, p[j][t] = dot(qg + j * hd, kp[t], hd) * scale);
+        for (int64_t t = 0; t < count; ++t) mx = std::max(mx, p[j][t] = dot(qg + j * hd, kp[t], hd) * qk_scale);
         const float corr = std::exp(m[j] - mx);  // 0 on the first chunk (m = -inf)
         float sum = 0;
         for (int64_t t = 0; t < count; ++t) sum += (p[j][t] = std::exp(p[j][t] - mx));
@@ -166,7 +173,7 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
       }
     });
     for (int64_t j = 0; j < group; ++j)
-      for (int64_t i = 0; i < hd; ++i) og[j * hd + i] /= l[j];
+      for (int64_t i = 0; i < hd; ++i) og[j * hd + i] = og[j * hd + i] / l[j] * v_scale;
   }
 }
 

@@ -174,9 +174,17 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
       rope(k + b * KV, c_.kv_heads, pos[b]);
       uint8_t* e = cache_.entry(reqs[b], l, pos[b]);
       for (int64_t h = 0; h < c_.kv_heads; ++h) {
-        encode_head(s.type, k + b * KV + h * hd, hd, e + h * s.head_bytes());
-        encode_head(s.type, v + b * KV + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes());
+        encode_head(s.type, k + b * KV + h * hd, hd, e + h * s.head_bytes(), s.scale(l, 0, h));
+        encode_head(s.type, v + b * KV + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes(), s.scale(l, 1, h));
       }
+      if (kv_amax_)
+        for (int kv = 0; kv < 2; ++kv)
+          for (int64_t h = 0; h < c_.kv_heads; ++h) {
+            float& m = (*kv_amax_)[static_cast<std::size_t>((l * 2 + kv) * c_.kv_heads + h)];
+            const float* x = (kv == 0 ? k : v) + b * KV + h * hd;
+            for (int64_t i = 0; i < hd; ++i)
+              if (!std::isnan(m) && (std::isnan(x[i]) || std::abs(x[i]) > m)) m = std::abs(x[i]);
+          }
     }
     cache_.stage(reqs, l);
     decode_attention(cache_, reqs, l, q, H, o);
@@ -189,6 +197,29 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
   }
   rmsnorm_forward(x, final_norm_, xn, r, B, D, c_.norm_eps);
   apply(head_, xn, B, V, D, logits, false);
+}
+
+void Decoder::record_kv_amax(std::vector<float>* amax) {
+  MT_CHECK(!amax || static_cast<int64_t>(amax->size()) == c_.layers * 2 * c_.kv_heads,
+           "decoder: the amax vector needs layers x 2 x kv_heads entries");
+  kv_amax_ = amax;
+}
+
+std::vector<float> calibrate_kv_scales(const Config& c, std::span<const float> params,
+                                       const std::optional<quant::Spec>& weights, const datasets::Batch& windows) {
+  auto dev = make_cpu_device();
+  ContiguousCache cache(*dev, KvShape{c.layers, c.kv_heads, c.head_dim(), KvType::f32});
+  Decoder d(*dev, c, params, cache, weights);
+  std::vector<float> amax(static_cast<std::size_t>(c.layers * 2 * c.kv_heads), 0.f);
+  d.record_kv_amax(&amax);
+  teacher_forced_losses(d, cache, windows);
+  for (std::size_t i = 0; i < amax.size(); ++i) {
+    const int64_t layer = static_cast<int64_t>(i) / (2 * c.kv_heads);
+    MT_CHECK(std::isfinite(amax[i]), "kv scale calibration: a non-finite " + std::string((static_cast<int64_t>(i) / c.kv_heads) % 2 ? "V" : "K") +
+                                         " at layer " + std::to_string(layer));
+    amax[i] = amax[i] > 0 ? amax[i] / quant::fp8_e4m3_max : 1.f;
+  }
+  return amax;
 }
 
 double token_loss(const float* z, int64_t V, int32_t target) {

@@ -49,6 +49,9 @@ class Decoder {
   // request's next token, [reqs x vocab].
   void step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits);
   const model::Config& config() const { return c_; }
+  // While set, step() raises amax[(layer * 2 + kv) * kv_heads + head] (kv 0: K, 1: V) to the largest
+  // |value| of each K and V head vector it caches (NaN when one is NaN); nullptr stops it.
+  void record_kv_amax(std::vector<float>* amax);
 
  private:
   // One linear layer [out x in]: dense fp32 rows or a quantized blob, in its own buffer (or, for a tied
@@ -78,6 +81,7 @@ class Decoder {
   Linear head_;
   double weight_bytes_ = 0;
   int64_t host_layers_ = 0, to_device_ = 0;
+  std::vector<float>* kv_amax_ = nullptr;
   Buffer staging_;
 };
 
@@ -88,5 +92,12 @@ double token_loss(const float* logits, int64_t vocab, int32_t target);
 // token at a time; returns the loss of every (row, position) against its target, row-major, then
 // releases the requests.
 std::vector<double> teacher_forced_losses(Decoder& d, KvCache& cache, const datasets::Batch& b);
+
+// Static fp8-e4m3 KV scales (KvShape::static_scales) from calibration, as vLLM's k_scale / v_scale: the
+// windows teacher forced through an fp32 cache by a decoder with these weights; each (layer, K or V, kv
+// head) scale is its amax / 448 (1 for a head that stayed zero). Error naming the layer on a non-finite
+// K or V.
+std::vector<float> calibrate_kv_scales(const model::Config& c, std::span<const float> params,
+                                       const std::optional<quant::Spec>& weights, const datasets::Batch& windows);
 
 }  // namespace memtrade::kvcache

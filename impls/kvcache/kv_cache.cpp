@@ -16,27 +16,46 @@ const char* kv_type_name(KvType t) {
     case KvType::f16: return "fp16";
     case KvType::int8: return "int8";
     case KvType::fp8_e4m3: return "fp8-e4m3";
+    case KvType::fp8_e4m3_static: return "fp8-e4m3-static";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
-  for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3})
+  for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static})
     if (s == kv_type_name(t)) return t;
-  throw Error("unknown KV cache dtype \"" + s + "\" (fp32, bf16, fp16, int8, fp8-e4m3)");
+  throw Error("unknown KV cache dtype \"" + s + "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static)");
+}
+
+float KvShape::scale(int64_t layer, int kv, int64_t head) const {
+  if (type != KvType::fp8_e4m3_static || static_scales.empty()) return 1.f;
+  return static_scales[static_cast<std::size_t>((layer * 2 + kv) * kv_heads + head)];
+}
+
+void KvShape::validate() const {
+  MT_CHECK(layers > 0 && kv_heads > 0 && head_dim > 0, "kv cache: layers, kv_heads and head_dim must be positive");
+  if (static_scales.empty()) return;
+  MT_CHECK(static_cast<int64_t>(static_scales.size()) == layers * 2 * kv_heads,
+           "kv cache: " + std::to_string(static_scales.size()) + " static scales for " + std::to_string(layers) +
+               " layers x K, V x " + std::to_string(kv_heads) + " kv heads");
+  for (float s : static_scales)
+    MT_CHECK(std::isfinite(s) && s > 0, "kv cache: a static scale is " + std::to_string(s) + " (must be positive and finite)");
 }
 
 int64_t KvShape::elem_bytes() const {
   switch (type) {
     case KvType::f32: return 4;
     case KvType::bf16: case KvType::f16: return 2;
-    case KvType::int8: case KvType::fp8_e4m3: return 1;
+    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: return 1;
   }
   return 4;
 }
 
-void encode_head(KvType t, const float* x, int64_t n, uint8_t* r) {
+void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, float static_scale) {
   switch (t) {
+    case KvType::fp8_e4m3_static:
+      for (int64_t i = 0; i < n; ++i) r[i] = quant::fp8_e4m3_encode(x[i] / static_scale);
+      return;
     case KvType::f32: std::memcpy(r, x, n * 4); return;
     case KvType::bf16:
     case KvType::f16:
@@ -66,8 +85,11 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r) {
   }
 }
 
-void decode_head(KvType t, const uint8_t* r, int64_t n, float* x) {
+void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, float static_scale) {
   switch (t) {
+    case KvType::fp8_e4m3_static:
+      for (int64_t i = 0; i < n; ++i) x[i] = static_scale * quant::fp8_e4m3_decode(r[i]);
+      return;
     case KvType::f32: std::memcpy(x, r, n * 4); return;
     case KvType::bf16:
     case KvType::f16:

@@ -6,8 +6,13 @@
 //   int8                 head_dim int8 codes q = rint(x / s) in [-127, 127], then the fp32 scale
 //                        s = amax / 127 of that vector (per token and head: quantized on write)
 //   fp8-e4m3             head_dim OCP E4M3 codes of x / s (nearest even, saturating), then s = amax / 448
+//   fp8-e4m3-static      head_dim E4M3 codes of x / s with a static scale s per (layer, K or V, kv head)
+//                        held by the shape (vLLM's k_scale / v_scale, calibrated before serving; 1 when
+//                        none is given), no scale in the record: exactly half of bf16's bytes. Values
+//                        beyond 448 s saturate; the kernel folds s into the scores and the output.
 // A vector of zeros stores s = 0 and decodes to zeros; a NaN or Inf element makes the scale non-finite
-// and the whole vector decodes to NaN (a defined, visible result).
+// and the whole vector decodes to NaN (a defined, visible result); with a static scale, a NaN element
+// stays NaN and an infinite one saturates, element by element.
 //
 // A token's entry at one layer is [K, V] x kv_heads head records: 2 * kv_heads * head_bytes bytes.
 // Layouts (all bytes from the device's tracked pool, tag kv):
@@ -38,13 +43,20 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3 };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static };
 const char* kv_type_name(KvType t);
-KvType parse_kv_type(const std::string& s);  // "fp32", "bf16", "fp16", "int8", "fp8-e4m3"; Error otherwise
+// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static"; Error otherwise
+KvType parse_kv_type(const std::string& s);
 
 struct KvShape {
   int64_t layers = 0, kv_heads = 0, head_dim = 0;
   KvType type = KvType::f32;
+  // fp8-e4m3-static: [layers][K, V][kv_heads] scales (empty: all 1). Ignored by the other types.
+  std::vector<float> static_scales;
+  // The static scale of (layer, kv = 0 for K / 1 for V, head); 1 for every other type. Error when
+  // static_scales is set with the wrong size or a scale that is not positive and finite.
+  float scale(int64_t layer, int kv, int64_t head) const;
+  void validate() const;
   int64_t elem_bytes() const;
   bool scaled() const { return type == KvType::int8 || type == KvType::fp8_e4m3; }
   int64_t head_bytes() const { return head_dim * elem_bytes() + (scaled() ? 4 : 0); }
@@ -52,13 +64,14 @@ struct KvShape {
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
 };
 
-// One head vector to and from its record.
-void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record);
-void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x);
+// One head vector to and from its record; static_scale is the shape's scale() for the record's (layer,
+// K or V, head) and matters to fp8-e4m3-static only.
+void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, float static_scale = 1.f);
+void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, float static_scale = 1.f);
 
 class KvCache {
  public:
-  explicit KvCache(const KvShape& s) : shape_(s) {}
+  explicit KvCache(const KvShape& s) : shape_(s) { shape_.validate(); }
   virtual ~KvCache() = default;
   const KvShape& shape() const { return shape_; }
 

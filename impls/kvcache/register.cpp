@@ -195,6 +195,11 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
   p->windows = datasets::sample_batch(p->data->val(), batch, seq,
                                       static_cast<uint64_t>(c.integer("seed", 1)) + 1000, 0);
+  if (p->shape.type == KvType::fp8_e4m3_static) {  // scales from windows of the training tokens
+    const datasets::Batch calib = datasets::sample_batch(p->data->train(), c.integer("kv_calib_windows", 8), seq,
+                                                         static_cast<uint64_t>(c.integer("seed", 1)) + 2000, 0);
+    p->shape.static_scales = calibrate_kv_scales(cfg, p->data->model.params, p->weights, calib);
+  }
   // The reference losses: the full-sequence forward (model/train_core.hpp) in fp32, one row at a time.
   auto dev = make_cpu_device();
   model::TrainOptions o;
@@ -318,7 +323,7 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   std::string measured;
   std::vector<std::string> verdicts;
   char buf[256];
-  for (const char* dt : {"int8", "fp8-e4m3"}) {
+  for (const char* dt : {"int8", "fp8-e4m3", "fp8-e4m3-static"}) {
     const Record* r = find(dt);
     if (!r) continue;
     const double v = std::exp(std::log(r->counter("perplexity")) - std::log(base->counter("perplexity"))) - 1;
@@ -332,8 +337,9 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   }
   if (verdicts.empty()) return {"", "out_of_scope", "needs int8 or fp8-e4m3 kvcache_model cases"};
   return {measured, combine_verdicts(verdicts),
-          "band " + band.str() + " on the perplexity change; per-token-per-head amax scales computed on write (no "
-          "calibration); the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
+          "band " + band.str() + " on the perplexity change; int8 and fp8-e4m3: per-token-per-head amax scales "
+          "computed on write; fp8-e4m3-static: one scale per (layer, K or V, kv head) calibrated on training windows, "
+          "none stored; the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
 }
 
 // offload-latency: "offloading KV or weights to the CPU costs 2-5x latency", as the offloaded decode's
@@ -535,7 +541,8 @@ void register_technique(Registry& r) {
         int_param("heads", "query heads"),
         int_param("kv_heads", "key/value heads (divide heads)"),
         int_param("head_dim", "head dimension", nullptr, 1, 256),
-        text_param("kv_dtype", "storage of K and V", nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3"}),
+        text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: unit scales)", nullptr,
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
         int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
@@ -608,13 +615,15 @@ void register_technique(Registry& r) {
     t.description = "SmolLM2-135M teacher forced through the KV cache per storage type: perplexity and bytes";
     t.schema.params = {
         text_param("model", "the model", "smollm2", {"smollm2"}),
-        text_param("kv_dtype", "storage of K and V", nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3"}),
+        text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: scales calibrated on training windows)", nullptr,
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("hot_tokens", "paged-offload: newest tokens per window kept on the device", 256, 1),
         int_param("host_layers", "weight-offload: layers whose projections live in the host pool (0: not run)", 0, 0),
+        int_param("kv_calib_windows", "fp8-e4m3-static: training windows (of seq tokens) that set the scales", 8, 1),
         int_param("seed", "window sampling", 1, 0),
         text_param("corpus_dir", "fortunes directory; default: $MEMTRADE_FORTUNES_DIR or the Debian path", ""),
         text_param("corpus_sha256", "the corpus checksum the case expects (a mismatch is an error)", ""),
