@@ -33,6 +33,8 @@ void validate(const Config& c, const TrainOptions& o) {
   MT_CHECK(o.eps > 0 && o.weight_decay >= 0, "training: eps must be > 0 and weight_decay >= 0");
   MT_CHECK(o.warmup_steps >= 0 && o.growth_interval > 0, "training: bad warmup_steps or growth_interval");
   MT_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "training: init_scale must be positive");
+  MT_CHECK(o.delayed_update_from < 0 || o.offload,
+           "training: the delayed parameter update (delayed_update_from) needs offload (the update runs on the host)");
   MT_CHECK(!o.offload || (!o.float64 && !o.inference_only && o.policy != Policy::bf16_pure),
            "training: offload keeps fp32 master weights and moments on the host; it does not apply to bf16-pure, "
            "the float64 reference or an inference-only trainer");

@@ -20,6 +20,10 @@
 // micro-batch per step; over several, the host adds each micro-batch's gradient to the sum of the
 // previous ones (as DeepSpeed does), one more rounding of a 16-bit gradient per micro-batch and repeated
 // embedding rows summed per micro-batch first.
+// Delayed parameter update (DeepSpeed's DPU, TrainOptions::delayed_update_from): from that step on, the
+// host's AdamW with one step's gradients runs during the next step's forward and backward (on a host
+// thread), and its weights reach the device after them: every gradient is then taken at weights one
+// update old, and the host holds a second gradient buffer (the pending step's; tag grads).
 // Not for bf16-pure (bf16 moments, stochastic rounding) or the float64 reference.
 // On the CPU, "bf16"/"fp16" compute means every stored value is rounded to 16 bits; each operation
 // loads 16-bit values, computes in fp32 (OpenBLAS sgemm on fp32 copies of the operands for GEMMs,
@@ -97,6 +101,11 @@ struct TrainOptions {
   int64_t checkpoint_every = 1;  // k of every_k
   bool mean_of_means = false;    // the accumulation mistake: each micro-batch's mean loss, averaged
   bool offload = false;          // ZeRO-Offload: optimizer state, master weights and gradients on the host
+  // Offload: the one-step delayed parameter update from optimizer step delayed_update_from on (counted from
+  // 0; -1 never). With delayed_update_overlap the pending update runs on a host thread beside the forward and
+  // backward; without, after them: the same operations in the same order, so the same bits.
+  int64_t delayed_update_from = -1;
+  bool delayed_update_overlap = true;
   LoraOptions lora;              // rank > 0: the base is frozen and only LoRA adapters train (lora.hpp)
   std::shared_ptr<const BaseFormat> base_format;  // with LoRA: the projections stored in it (QLoRA); null: in S
   bool inference_only = false;  // weights and the forward only: no gradients, master copy or moments
@@ -108,7 +117,8 @@ void validate(const Config& c, const TrainOptions& o);
 
 struct StepStats {
   double loss = 0;              // mean loss over the step's tokens, from the forward pass
-  bool applied = true;          // false: skipped by the loss scaler
+  bool applied = true;          // false: skipped by the loss scaler, or (delayed update) none was pending
+  bool delayed = false;         // the update applied in this step was the previous step's (delayed update)
   bool non_finite = false;      // a gradient was Inf or NaN after unscaling
   float loss_scale = 1;         // the scale this step's backward used
   // Weight-matrix gradients as the fp32-accumulating GEMMs produced them (scaled by loss_scale):
@@ -154,6 +164,8 @@ class Trainer {
   virtual void set_trainable(std::span<const float> values) = 0;
   virtual const precision::LossScaler& scaler() const = 0;
   virtual int64_t steps_taken() const = 0;
+  // Applies an update still pending (the delayed parameter update holds the last step's); a no-op otherwise.
+  virtual void flush_update() {}
   // The inputs of every linear layer for one batch at the current weights (forward only), as fp32
   // [batch * seq x in_features] row-major, per layer: the attention input (q/k/v projections), the
   // attention output (o_proj), the MLP input (gate/up projections), the SwiGLU output (down_proj).

@@ -31,8 +31,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
+#include "common/simd/convert.hpp"
 #include "model/cpu_adam.hpp"
 #include "model/train.hpp"
 
@@ -60,6 +63,7 @@ class TrainerCore : public Trainer {
                  std::to_string(o_.accum_steps));
     StepStats s;
     s.loss_scale = scaler_.scale();
+    if (offload_ && o_.delayed_update_from >= 0 && steps_ >= o_.delayed_update_from) return delayed_step(micro, s);
     decode_stats_ = &s;
     accumulate(micro, s);
     decode_stats_ = nullptr;
@@ -68,6 +72,16 @@ class TrainerCore : public Trainer {
     dev_.synchronize();
     ++steps_;
     return s;
+  }
+
+  void flush_update() override {
+    if constexpr (kCanOffload) {
+      if (!pending_) return;
+      StepStats s;
+      apply_pending(host_update(pending_grads_.template as<S>(), pending_inv_), s);
+      pending_ = false;
+      dev_.synchronize();
+    }
   }
 
   double eval_loss(const datasets::Batch& b) override {
@@ -191,6 +205,7 @@ class TrainerCore : public Trainer {
         m_ = Buffer(host, P * sizeof(M), Tag::optimizer);
         v_ = Buffer(host, P * sizeof(M), Tag::optimizer);
         master_buf_ = Buffer(host, P * sizeof(float), Tag::master);
+        if (o.delayed_update_from >= 0) pending_grads_ = Buffer(host, P * sizeof(S), Tag::grads);
         flushed_.assign(c.layers + 3, false);
       } else {
         throw Error("offload: needs fp32 AdamW moments (not bf16-pure or the float64 reference)");
@@ -768,6 +783,91 @@ class TrainerCore : public Trainer {
     return applied;
   }
 
+  // ---- offload with the delayed parameter update ----
+
+  // The host's part of one delayed update: the non-finite check, the loss scaler, AdamW on the master
+  // weights and the moments, then the master rounded to S into `g` (whose gradients are spent by then).
+  struct HostUpdate {
+    bool non_finite = false, applied = false;
+    double seconds = 0;
+    std::exception_ptr error;
+  };
+  HostUpdate host_update(S* g, float inv) {
+    HostUpdate u;
+    if constexpr (kCanOffload) {
+      try {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t P = L_.total;
+        int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad)
+        for (int64_t i = 0; i < P; ++i) bad += !std::isfinite(static_cast<double>(to_f32(g[i])) * inv);
+        u.non_finite = bad > 0;
+        if (scaler_.update(u.non_finite)) {
+          const int64_t t = adam_t_ + 1;
+          AdamStep st;
+          adam_bias_corrections(o_.beta1, o_.beta2, t, st.bc1, st.bc2);
+          st.lr = learning_rate(t);
+          st.beta1 = o_.beta1;
+          st.beta2 = o_.beta2;
+          st.eps = o_.eps;
+          st.grad_scale = inv;
+          float *mw = master_buf_.template as<float>(), *m = m_.template as<float>(), *v = v_.template as<float>();
+          for (const ParamTensor& pt : L_.tensors) {
+            st.weight_decay = pt.decay ? o_.weight_decay : 0.f;
+            cpu_adamw<S, S>(st, mw + pt.offset, m + pt.offset, v + pt.offset, g + pt.offset, static_cast<S*>(nullptr),
+                            pt.size);
+          }
+          if constexpr (std::is_same_v<S, float>) std::memcpy(g, mw, static_cast<std::size_t>(P) * sizeof(float));
+          else simd::from_f32(mw, g, P);  // the bits cpu_adamw's working copy would have
+          adam_t_ = t;
+          u.applied = true;
+        }
+        u.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } catch (...) {
+        u.error = std::current_exception();
+      }
+    }
+    return u;
+  }
+  // The pending update's result into s, and its weights (in pending_grads_) to the device.
+  void apply_pending(const HostUpdate& u, StepStats& s) {
+    if (u.error) std::rethrow_exception(u.error);
+    s.non_finite = u.non_finite;
+    s.applied = u.applied;
+    s.host_optimizer_s = u.seconds;
+    if (!u.applied) return;
+    dev_.copy(weights_.data(), pending_grads_.data(), static_cast<std::size_t>(L_.total) * sizeof(S), CopyKind::host_to_device);
+    s.bytes_to_device += L_.total * static_cast<int64_t>(sizeof(S));
+  }
+  // One step: the pending update (the previous step's gradients) beside or after this step's forward and
+  // backward, which accumulate into the other host gradient buffer; then this step's gradients pend.
+  StepStats delayed_step(std::span<const datasets::Batch> micro, StepStats& s) {
+    s.delayed = true;
+    s.applied = false;
+    HostUpdate u;
+    std::thread worker;
+    if (pending_ && o_.delayed_update_overlap)
+      worker = std::thread([&] { u = host_update(pending_grads_.template as<S>(), pending_inv_); });
+    try {
+      decode_stats_ = &s;
+      accumulate(micro, s);
+      decode_stats_ = nullptr;
+      be().read_counters(s);
+    } catch (...) {
+      if (worker.joinable()) worker.join();
+      throw;
+    }
+    if (worker.joinable()) worker.join();
+    else if (pending_) u = host_update(pending_grads_.template as<S>(), pending_inv_);
+    if (pending_) apply_pending(u, s);
+    std::swap(grads_, pending_grads_);
+    pending_ = true;
+    pending_inv_ = static_cast<float>(1.0 / static_cast<double>(s.loss_scale));  // LossScaler::inv_scale's rounding
+    dev_.synchronize();
+    ++steps_;
+    return s;
+  }
+
   const Config c_;
   const TrainOptions o_;
   Device& dev_;
@@ -780,6 +880,10 @@ class TrainerCore : public Trainer {
   // host this step.
   bool offload_ = false;
   Buffer stage_;
+  // Delayed update: the previous step's host gradients, their inverse loss scale, and whether they wait.
+  Buffer pending_grads_;
+  float pending_inv_ = 1;
+  bool pending_ = false;
   // LoRA: the adapters' layout and working values (grads_, m_, v_ and master_buf_ then cover them only).
   bool lora_ = false;
   AdapterLayout AL_;
