@@ -410,7 +410,9 @@ TEST(Decoder, LogitsEqualTheFullForwardForEveryLayout) {
     // fp32 rounding through 2 layers of width 32 in another summation order: a few hundred ulps of the
     // largest logit; a wrong position or mask moves logits by O(1).
     EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0)) << layout;
-    if (layout == std::string("offload")) EXPECT_GT(static_cast<PagedCache&>(*cache).host_blocks_used(), 0);
+    if (layout == std::string("offload")) {
+      EXPECT_GT(static_cast<PagedCache&>(*cache).host_blocks_used(), 0);
+    }
   }
 }
 

@@ -52,7 +52,7 @@ struct KvShape {
   int64_t layers = 0, kv_heads = 0, head_dim = 0;
   KvType type = KvType::f32;
   // fp8-e4m3-static: [layers][K, V][kv_heads] scales (empty: all 1). Ignored by the other types.
-  std::vector<float> static_scales;
+  std::vector<float> static_scales{};
   // The static scale of (layer, kv = 0 for K / 1 for V, head); 1 for every other type. Error when
   // static_scales is set with the wrong size or a scale that is not positive and finite.
   float scale(int64_t layer, int kv, int64_t head) const;
