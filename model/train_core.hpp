@@ -35,7 +35,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/simd/convert.hpp"
 #include "model/cpu_adam.hpp"
 #include "model/train.hpp"
 
@@ -78,7 +77,7 @@ class TrainerCore : public Trainer {
     if constexpr (kCanOffload) {
       if (!pending_) return;
       StepStats s;
-      apply_pending(host_update(pending_grads_.template as<S>(), pending_inv_), s);
+      apply_pending(pending_update(), s);
       pending_ = false;
       dev_.synchronize();
     }
@@ -747,15 +746,31 @@ class TrainerCore : public Trainer {
     }
   }
   bool host_adamw(StepStats& s) requires kCanOffload {
+    const HostUpdate u = host_update(grads_.template as<S>(), scaler_.inv_scale(), [&](int64_t o, const S* tile, int64_t n) {
+      dev_.copy(W(o), tile, n * sizeof(S), CopyKind::host_to_device);
+      s.bytes_to_device += n * static_cast<int64_t>(sizeof(S));
+    });
+    s.non_finite = u.non_finite;
+    s.host_optimizer_s = u.seconds;
+    return u.applied;
+  }
+
+  // The host's optimizer step over the gradients g (times inv, the inverse loss scale): the non-finite
+  // check, the loss scaler, then AdamW tile by tile on the master weights and the moments; each tile's
+  // weights, rounded to S, go to sink(offset, tile, n), after which g's tile is no longer read.
+  struct HostUpdate {
+    bool non_finite = false, applied = false;
+    double seconds = 0;
+  };
+  template <class Sink>
+  HostUpdate host_update(const S* g, float inv, Sink&& sink) requires kCanOffload {
+    HostUpdate u;
     const auto t0 = std::chrono::steady_clock::now();
-    const float inv = scaler_.inv_scale();
-    const S* g = grads_.template as<S>();
     int64_t bad = 0;
 #pragma omp parallel for reduction(+ : bad)
     for (int64_t i = 0; i < L_.total; ++i) bad += !std::isfinite(static_cast<double>(to_f32(g[i])) * inv);
-    s.non_finite = bad > 0;
-    bool applied = false;
-    if (scaler_.update(s.non_finite)) {
+    u.non_finite = bad > 0;
+    if (scaler_.update(u.non_finite)) {
       const int64_t t = adam_t_ + 1;
       AdamStep st;
       adam_bias_corrections(o_.beta1, o_.beta2, t, st.bc1, st.bc2);
@@ -772,66 +787,27 @@ class TrainerCore : public Trainer {
         for (int64_t o = pt.offset; o < pt.offset + pt.size; o += kTile) {
           const int64_t n = std::min(kTile, pt.offset + pt.size - o);
           cpu_adamw<S, S>(st, mw + o, m + o, v + o, g + o, tile.template as<S>(), n);
-          dev_.copy(W(o), tile.data(), n * sizeof(S), CopyKind::host_to_device);
-          s.bytes_to_device += n * static_cast<int64_t>(sizeof(S));
+          sink(o, tile.template as<S>(), n);
         }
       }
       adam_t_ = t;
-      applied = true;
+      u.applied = true;
     }
-    s.host_optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return applied;
+    u.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return u;
   }
 
   // ---- offload with the delayed parameter update ----
 
-  // The host's part of one delayed update: the non-finite check, the loss scaler, AdamW on the master
-  // weights and the moments, then the master rounded to S into `g` (whose gradients are spent by then).
-  struct HostUpdate {
-    bool non_finite = false, applied = false;
-    double seconds = 0;
-    std::exception_ptr error;
-  };
-  HostUpdate host_update(S* g, float inv) {
-    HostUpdate u;
-    if constexpr (kCanOffload) {
-      try {
-        const auto t0 = std::chrono::steady_clock::now();
-        const int64_t P = L_.total;
-        int64_t bad = 0;
-#pragma omp parallel for reduction(+ : bad)
-        for (int64_t i = 0; i < P; ++i) bad += !std::isfinite(static_cast<double>(to_f32(g[i])) * inv);
-        u.non_finite = bad > 0;
-        if (scaler_.update(u.non_finite)) {
-          const int64_t t = adam_t_ + 1;
-          AdamStep st;
-          adam_bias_corrections(o_.beta1, o_.beta2, t, st.bc1, st.bc2);
-          st.lr = learning_rate(t);
-          st.beta1 = o_.beta1;
-          st.beta2 = o_.beta2;
-          st.eps = o_.eps;
-          st.grad_scale = inv;
-          float *mw = master_buf_.template as<float>(), *m = m_.template as<float>(), *v = v_.template as<float>();
-          for (const ParamTensor& pt : L_.tensors) {
-            st.weight_decay = pt.decay ? o_.weight_decay : 0.f;
-            cpu_adamw<S, S>(st, mw + pt.offset, m + pt.offset, v + pt.offset, g + pt.offset, static_cast<S*>(nullptr),
-                            pt.size);
-          }
-          if constexpr (std::is_same_v<S, float>) std::memcpy(g, mw, static_cast<std::size_t>(P) * sizeof(float));
-          else simd::from_f32(mw, g, P);  // the bits cpu_adamw's working copy would have
-          adam_t_ = t;
-          u.applied = true;
-        }
-        u.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      } catch (...) {
-        u.error = std::current_exception();
-      }
-    }
-    return u;
+  // The pending update (the previous step's gradients in pending_grads_, times pending_inv_): its weights
+  // replace the spent gradients tile by tile, and after `update` they go to the device in one copy.
+  HostUpdate pending_update() requires kCanOffload {
+    S* g = pending_grads_.template as<S>();
+    return host_update(g, pending_inv_, [g](int64_t o, const S* tile, int64_t n) {
+      std::memcpy(g + o, tile, static_cast<std::size_t>(n) * sizeof(S));
+    });
   }
-  // The pending update's result into s, and its weights (in pending_grads_) to the device.
   void apply_pending(const HostUpdate& u, StepStats& s) {
-    if (u.error) std::rethrow_exception(u.error);
     s.non_finite = u.non_finite;
     s.applied = u.applied;
     s.host_optimizer_s = u.seconds;
@@ -839,33 +815,45 @@ class TrainerCore : public Trainer {
     dev_.copy(weights_.data(), pending_grads_.data(), static_cast<std::size_t>(L_.total) * sizeof(S), CopyKind::host_to_device);
     s.bytes_to_device += L_.total * static_cast<int64_t>(sizeof(S));
   }
-  // One step: the pending update (the previous step's gradients) beside or after this step's forward and
-  // backward, which accumulate into the other host gradient buffer; then this step's gradients pend.
+  // One step: the pending update on a host thread (or after) while this step's forward and backward
+  // accumulate into the other host gradient buffer; then this step's gradients pend.
   StepStats delayed_step(std::span<const datasets::Batch> micro, StepStats& s) {
-    s.delayed = true;
-    s.applied = false;
-    HostUpdate u;
-    std::thread worker;
-    if (pending_ && o_.delayed_update_overlap)
-      worker = std::thread([&] { u = host_update(pending_grads_.template as<S>(), pending_inv_); });
-    try {
-      decode_stats_ = &s;
-      accumulate(micro, s);
-      decode_stats_ = nullptr;
-      be().read_counters(s);
-    } catch (...) {
+    if constexpr (!kCanOffload) {
+      throw Error("offload: needs fp32 AdamW moments");
+    } else {
+      s.delayed = true;
+      s.applied = false;
+      HostUpdate u;
+      std::exception_ptr failed;
+      std::thread worker;
+      if (pending_ && o_.delayed_update_overlap)
+        worker = std::thread([&] {
+          try {
+            u = pending_update();
+          } catch (...) {
+            failed = std::current_exception();
+          }
+        });
+      try {
+        decode_stats_ = &s;
+        accumulate(micro, s);
+        decode_stats_ = nullptr;
+        be().read_counters(s);
+      } catch (...) {
+        if (worker.joinable()) worker.join();
+        throw;
+      }
       if (worker.joinable()) worker.join();
-      throw;
+      else if (pending_) u = pending_update();
+      if (failed) std::rethrow_exception(failed);
+      if (pending_) apply_pending(u, s);
+      std::swap(grads_, pending_grads_);
+      pending_ = true;
+      pending_inv_ = static_cast<float>(1.0 / static_cast<double>(s.loss_scale));  // LossScaler::inv_scale's rounding
+      dev_.synchronize();
+      ++steps_;
+      return s;
     }
-    if (worker.joinable()) worker.join();
-    else if (pending_) u = host_update(pending_grads_.template as<S>(), pending_inv_);
-    if (pending_) apply_pending(u, s);
-    std::swap(grads_, pending_grads_);
-    pending_ = true;
-    pending_inv_ = static_cast<float>(1.0 / static_cast<double>(s.loss_scale));  // LossScaler::inv_scale's rounding
-    dev_.synchronize();
-    ++steps_;
-    return s;
   }
 
   const Config c_;
