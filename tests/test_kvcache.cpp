@@ -22,8 +22,8 @@ using namespace memtrade::kvcache;
 
 namespace {
 
-constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,     KvType::f16,
-                             KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static};
+constexpr KvType kTypes[] = {KvType::f32,      KvType::bf16,            KvType::f16, KvType::int8,
+                             KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4};
 
 // fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s.
 void random_static_scales(KvShape& s, uint64_t seed) {
@@ -67,13 +67,15 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
     encode_head(t, x.data(), hd, rec.data(), ss);
     decode_head(t, rec.data(), hd, y.data(), ss);
     for (int64_t i = 0; i < hd; ++i) {
-      // fp32 exact; bf16/fp16 half an ulp (2^-9 / 2^-12 relative); int8 half a step amax/127 / 2;
+      // fp32 exact; bf16/fp16 half an ulp (2^-9 / 2^-12 relative); int8 / int4 half a step amax/127 / 2
+      // or amax/7 / 2;
       // fp8-e4m3 half an ulp of a 3-bit mantissa (2^-4 relative) or half the subnormal step.
       const double err = std::abs(static_cast<double>(y[i]) - x[i]);
       const double bound = t == KvType::f32    ? 0
                            : t == KvType::bf16 ? std::ldexp(std::abs(x[i]), -8)
                            : t == KvType::f16  ? std::ldexp(std::abs(x[i]), -11)
                            : t == KvType::int8 ? amax / 127.0 / 2 * (1 + 1e-6)
+                           : t == KvType::int4 ? amax / 7.0 / 2 * (1 + 1e-6)
                                                : std::ldexp(std::abs(x[i]), -4) + std::ldexp(amax / 448.0, -9);
       EXPECT_LE(err, bound) << kv_type_name(t) << " element " << i;
     }
@@ -98,7 +100,7 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
         return z[4];
       }());
     }
-    if (t == KvType::int8 || t == KvType::fp8_e4m3) {
+    if (t == KvType::int8 || t == KvType::fp8_e4m3 || t == KvType::int4) {
       auto bad = x;
       bad[5] = NAN;
       encode_head(t, bad.data(), hd, rec.data());
@@ -112,6 +114,8 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
   }
   EXPECT_EQ((KvShape{30, 3, 64, KvType::int8}).token_bytes() * 2 - 30 * 2 * 3 * 4 * 2,
             (KvShape{30, 3, 64, KvType::bf16}).token_bytes());  // half of bf16 plus the scales
+  EXPECT_EQ((KvShape{30, 3, 64, KvType::int4}).token_bytes(), 30 * 2 * 3 * (32 + 4));  // a byte per two values
+  EXPECT_THROW(ContiguousCache(*make_cpu_device(), KvShape{1, 1, 7, KvType::int4}), Error);  // odd head_dim
   EXPECT_EQ((KvShape{30, 3, 64, KvType::fp8_e4m3_static}).token_bytes() * 2,
             (KvShape{30, 3, 64, KvType::bf16}).token_bytes());  // exactly half: the scales live in the shape
 }

@@ -17,14 +17,16 @@ const char* kv_type_name(KvType t) {
     case KvType::int8: return "int8";
     case KvType::fp8_e4m3: return "fp8-e4m3";
     case KvType::fp8_e4m3_static: return "fp8-e4m3-static";
+    case KvType::int4: return "int4";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
-  for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static})
+  for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static,
+                   KvType::int4})
     if (s == kv_type_name(t)) return t;
-  throw Error("unknown KV cache dtype \"" + s + "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static)");
+  throw Error("unknown KV cache dtype \"" + s + "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4)");
 }
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
@@ -34,6 +36,8 @@ float KvShape::scale(int64_t layer, int kv, int64_t head) const {
 
 void KvShape::validate() const {
   MT_CHECK(layers > 0 && kv_heads > 0 && head_dim > 0, "kv cache: layers, kv_heads and head_dim must be positive");
+  MT_CHECK(type != KvType::int4 || head_dim % 2 == 0,
+           "kv cache: int4 packs two values per byte, so head_dim must be even (got " + std::to_string(head_dim) + ")");
   if (static_scales.empty()) return;
   MT_CHECK(static_cast<int64_t>(static_scales.size()) == layers * 2 * kv_heads,
            "kv cache: " + std::to_string(static_scales.size()) + " static scales for " + std::to_string(layers) +
@@ -42,13 +46,14 @@ void KvShape::validate() const {
     MT_CHECK(std::isfinite(s) && s > 0, "kv cache: a static scale is " + std::to_string(s) + " (must be positive and finite)");
 }
 
-int64_t KvShape::elem_bytes() const {
+int64_t KvShape::elem_bits() const {
   switch (type) {
-    case KvType::f32: return 4;
-    case KvType::bf16: case KvType::f16: return 2;
-    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: return 1;
+    case KvType::f32: return 32;
+    case KvType::bf16: case KvType::f16: return 16;
+    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: return 8;
+    case KvType::int4: return 4;
   }
-  return 4;
+  return 32;
 }
 
 void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, float static_scale) {
@@ -65,20 +70,26 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, float static_s
       }
       return;
     case KvType::int8:
-    case KvType::fp8_e4m3: {
+    case KvType::fp8_e4m3:
+    case KvType::int4: {
       float amax = 0;
       bool finite = true;
       for (int64_t i = 0; i < n; ++i) {
         finite = finite && std::isfinite(x[i]);
         amax = std::max(amax, std::abs(x[i]));
       }
-      const float qmax = t == KvType::int8 ? 127.f : quant::fp8_e4m3_max;
+      const float qmax = t == KvType::int8 ? 127.f : t == KvType::int4 ? 7.f : quant::fp8_e4m3_max;
       const float s = finite ? amax / qmax : NAN;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = s > 0 ? x[i] / s : 0.f;  // a zero or non-finite scale stores zero codes
-        r[i] = t == KvType::int8 ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::rint(v), -127.f, 127.f)))
-                                 : quant::fp8_e4m3_encode(v);
+      auto code = [&](int64_t i) { return s > 0 ? x[i] / s : 0.f; };  // a zero or non-finite scale: zero codes
+      if (t == KvType::int4) {
+        auto nib = [&](int64_t i) { return static_cast<uint8_t>(std::clamp(std::rint(code(i)), -7.f, 7.f) + 8.f); };
+        for (int64_t i = 0; i < n / 2; ++i) r[i] = static_cast<uint8_t>(nib(2 * i) | nib(2 * i + 1) << 4);
+        std::memcpy(r + n / 2, &s, 4);
+        return;
       }
+      for (int64_t i = 0; i < n; ++i)
+        r[i] = t == KvType::int8 ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::rint(code(i)), -127.f, 127.f)))
+                                 : quant::fp8_e4m3_encode(code(i));
       std::memcpy(r + n, &s, 4);
       return;
     }
@@ -99,6 +110,15 @@ void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, float static_s
         x[i] = t == KvType::bf16 ? to_float(bf16_t{b}) : to_float(f16_t{b});
       }
       return;
+    case KvType::int4: {
+      float s;
+      std::memcpy(&s, r + n / 2, 4);
+      for (int64_t i = 0; i < n / 2; ++i) {
+        x[2 * i] = s * static_cast<float>((r[i] & 15) - 8);
+        x[2 * i + 1] = s * static_cast<float>((r[i] >> 4) - 8);
+      }
+      return;
+    }
     case KvType::int8:
     case KvType::fp8_e4m3: {
       float s;

@@ -6,6 +6,10 @@
 //   int8                 head_dim int8 codes q = rint(x / s) in [-127, 127], then the fp32 scale
 //                        s = amax / 127 of that vector (per token and head: quantized on write)
 //   fp8-e4m3             head_dim OCP E4M3 codes of x / s (nearest even, saturating), then s = amax / 448
+//   int4                 head_dim / 2 bytes: codes q = rint(x / s) in [-7, 7] stored as q + 8, element 2i in
+//                        the low nibble of byte i and 2i + 1 in the high one, then the fp32 scale s = amax / 7
+//                        (per token and head: the per-token keys whose outlier channels KIVI quantizes per
+//                        channel instead); head_dim must be even
 //   fp8-e4m3-static      head_dim E4M3 codes of x / s with a static scale s per (layer, K or V, kv head)
 //                        held by the shape (vLLM's k_scale / v_scale, calibrated before serving; 1 when
 //                        none is given), no scale in the record: exactly half of bf16's bytes. Values
@@ -43,9 +47,9 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4 };
 const char* kv_type_name(KvType t);
-// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static"; Error otherwise
+// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4"; Error otherwise
 KvType parse_kv_type(const std::string& s);
 
 struct KvShape {
@@ -54,12 +58,13 @@ struct KvShape {
   // fp8-e4m3-static: [layers][K, V][kv_heads] scales (empty: all 1). Ignored by the other types.
   std::vector<float> static_scales{};
   // The static scale of (layer, kv = 0 for K / 1 for V, head); 1 for every other type. Error when
-  // static_scales is set with the wrong size or a scale that is not positive and finite.
+  // static_scales is set with the wrong size or a scale that is not positive and finite, or int4 has an
+  // odd head_dim.
   float scale(int64_t layer, int kv, int64_t head) const;
   void validate() const;
-  int64_t elem_bytes() const;
-  bool scaled() const { return type == KvType::int8 || type == KvType::fp8_e4m3; }
-  int64_t head_bytes() const { return head_dim * elem_bytes() + (scaled() ? 4 : 0); }
+  int64_t elem_bits() const;
+  bool scaled() const { return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4; }
+  int64_t head_bytes() const { return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0); }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
 };

@@ -542,7 +542,7 @@ void register_technique(Registry& r) {
         int_param("kv_heads", "key/value heads (divide heads)"),
         int_param("head_dim", "head dimension", nullptr, 1, 256),
         text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: unit scales)", nullptr,
-                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static"}),
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
         int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
@@ -616,7 +616,7 @@ void register_technique(Registry& r) {
     t.schema.params = {
         text_param("model", "the model", "smollm2", {"smollm2"}),
         text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: scales calibrated on training windows)", nullptr,
-                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static"}),
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
