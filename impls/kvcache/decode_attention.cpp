@@ -98,14 +98,55 @@ void decode_fast(KvType t, const uint8_t* r, int64_t n, float* x) {
   }
 }
 
-// A vectorized sum: lanes of partial sums, in the order this build's vector width fixes (the same for
-// every layout, so paged and contiguous still agree bit for bit).
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+// Eight-float vectors (GCC / Clang vector extensions: one AVX register, or two SSE ones), internal to
+// this file, so the ABI note for passing them without AVX does not apply.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+using V8 = float __attribute__((vector_size(32)));
+inline V8 load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
+
+// q.k in a fixed order on every machine (the same for every layout, so paged and contiguous agree bit
+// for bit): two chains of eight partial sums, then a fixed tree over the lanes; head_dim not a multiple
+// of 16 in order.
+float dot(const float* a, const float* b, int64_t n) {
+  if (n % 16 != 0) {
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+  }
+  V8 s0 = {}, s1 = {};
+  for (int64_t i = 0; i < n; i += 16) {
+    s0 += load8(a + i) * load8(b + i);
+    s1 += load8(a + i + 8) * load8(b + i + 8);
+  }
+  s0 += s1;
+  return ((s0[0] + s0[4]) + (s0[2] + s0[6])) + ((s0[1] + s0[5]) + (s0[3] + s0[7]));
+}
+
+// o = o corr + p[0] v[0] + ... + p[count - 1] v[count - 1], in that order per element, eight columns
+// held in a register across the tokens.
+void scale_add(float* o, float corr, const float* p, const float* const* v, int64_t count, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    V8 acc = load8(o + i) * corr;
+    for (int64_t t = 0; t < count; ++t) acc += p[t] * load8(v[t] + i);
+    std::memcpy(o + i, &acc, sizeof acc);
+  }
+  for (; i < n; ++i) {
+    float acc = o[i] * corr;
+    for (int64_t t = 0; t < count; ++t) acc += p[t] * v[t][i];
+    o[i] = acc;
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace
 
@@ -156,13 +197,7 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
         for (int64_t t = 0; t < count; ++t) sum += (p[j][t] = std::exp(p[j][t] - mx));
         l[j] = l[j] * corr + sum;
         m[j] = mx;
-        // o = o corr + sum_t p_t v_t, the chunk's tokens in a fixed order.
-        float* o = og + j * hd;
-        for (int64_t i = 0; i < hd; ++i) o[i] *= corr;
-        for (int64_t t = 0; t < count; ++t) {
-          const float w = p[j][t], *vt = vp[t];
-          for (int64_t i = 0; i < hd; ++i) o[i] += w * vt[i];
-        }
+        scale_add(og + j * hd, corr, p[j], vp, count, hd);
       }
     };
     c.runs(reqs[b], layer, [&](const uint8_t* e, int64_t pos, int64_t count) {
