@@ -180,7 +180,7 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
       if (kv_amax_)
         for (int kv = 0; kv < 2; ++kv)
           for (int64_t h = 0; h < c_.kv_heads; ++h) {
-            float& m = (*kv_amax_)[static_cast<std::size_t>((l * 2 + kv) * c_.kv_heads + h)];
+            float& m = (*kv_amax_)[static_cast<std::size_t>(s.scale_index(l, kv, h))];
             const float* x = (kv == 0 ? k : v) + b * KV + h * hd;
             for (int64_t i = 0; i < hd; ++i)
               if (!std::isnan(m) && (std::isnan(x[i]) || std::abs(x[i]) > m)) m = std::abs(x[i]);
@@ -213,12 +213,15 @@ std::vector<float> calibrate_kv_scales(const Config& c, std::span<const float> p
   std::vector<float> amax(static_cast<std::size_t>(c.layers * 2 * c.kv_heads), 0.f);
   d.record_kv_amax(&amax);
   teacher_forced_losses(d, cache, windows);
-  for (std::size_t i = 0; i < amax.size(); ++i) {
-    const int64_t layer = static_cast<int64_t>(i) / (2 * c.kv_heads);
-    MT_CHECK(std::isfinite(amax[i]), "kv scale calibration: a non-finite " + std::string((static_cast<int64_t>(i) / c.kv_heads) % 2 ? "V" : "K") +
-                                         " at layer " + std::to_string(layer));
-    amax[i] = amax[i] > 0 ? amax[i] / quant::fp8_e4m3_max : 1.f;
-  }
+  const KvShape& s = cache.shape();
+  for (int64_t layer = 0; layer < c.layers; ++layer)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        float& a = amax[static_cast<std::size_t>(s.scale_index(layer, kv, h))];
+        MT_CHECK(std::isfinite(a), std::string("kv scale calibration: a non-finite ") + (kv ? "V" : "K") + " at layer " +
+                                       std::to_string(layer));
+        a = a > 0 ? a / quant::fp8_e4m3_max : 1.f;
+      }
   return amax;
 }
 

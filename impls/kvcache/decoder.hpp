@@ -49,7 +49,7 @@ class Decoder {
   // request's next token, [reqs x vocab].
   void step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits);
   const model::Config& config() const { return c_; }
-  // While set, step() raises amax[(layer * 2 + kv) * kv_heads + head] (kv 0: K, 1: V) to the largest
+  // While set, step() raises amax[KvShape::scale_index(layer, kv, head)] (kv 0: K, 1: V) to the largest
   // |value| of each K and V head vector it caches (NaN when one is NaN); nullptr stops it.
   void record_kv_amax(std::vector<float>* amax);
 

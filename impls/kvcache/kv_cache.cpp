@@ -31,7 +31,7 @@ KvType parse_kv_type(const std::string& s) {
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
   if (type != KvType::fp8_e4m3_static || static_scales.empty()) return 1.f;
-  return static_scales[static_cast<std::size_t>((layer * 2 + kv) * kv_heads + head)];
+  return static_scales[static_cast<std::size_t>(scale_index(layer, kv, head))];
 }
 
 void KvShape::validate() const {

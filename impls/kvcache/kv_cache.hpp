@@ -61,6 +61,8 @@ struct KvShape {
   // static_scales is set with the wrong size or a scale that is not positive and finite, or int4 has an
   // odd head_dim.
   float scale(int64_t layer, int kv, int64_t head) const;
+  // Where (layer, kv, head) sits in static_scales (and in any per-(layer, K or V, head) table).
+  int64_t scale_index(int64_t layer, int kv, int64_t head) const { return (layer * 2 + kv) * kv_heads + head; }
   void validate() const;
   int64_t elem_bits() const;
   bool scaled() const { return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4; }
