@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <omp.h>
 #include <random>
 #include <set>
 
@@ -16,6 +17,7 @@
 #include "impls/kvcache/serving.hpp"
 #include "model/train.hpp"
 #include "model_fixtures.hpp"
+#include "simd_targets.hpp"
 
 using namespace memtrade;
 using namespace memtrade::kvcache;
@@ -322,6 +324,61 @@ TEST(PagedCache, OffloadKeepsEveryTokenAndItsBookkeeping) {
   for (int64_t r : live) c.release(r);
   EXPECT_EQ(c.free_blocks(), c.num_blocks());
   EXPECT_EQ(c.host_blocks_used(), 0);
+}
+
+TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimdTarget) {
+  // Contexts of several splits (split_tokens 32 and 48: partial chunks and partial splits), blocks of 5
+  // tokens (not a multiple of the kernel's chunk), group sizes 1, 3 and 6 (one and two register blocks of
+  // query heads), head sizes with and without a vector tail; on every SIMD target this machine runs.
+  auto dev = make_cpu_device();
+  test::for_each_simd_target([&](int64_t) {
+    for (const int64_t hd : {32, 20})
+      for (const int64_t group : {1, 3, 6})
+        for (KvType t : kTypes) {
+          SCOPED_TRACE(std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd) + " group " + std::to_string(group));
+          KvShape s{1, 2, hd, t};
+          random_static_scales(s, 5);
+          const int64_t heads = 2 * group, lens[] = {1, 31, 97, 130};
+          ContiguousCache c(*dev, s);
+          PagedCache p(*dev, s, 5, 200);
+          std::vector<int64_t> rc, rp;
+          for (int64_t b = 0; b < 4; ++b) {
+            rc.push_back(c.add(lens[b]));
+            rp.push_back(p.add(lens[b]));
+            for (int64_t i = 0; i < lens[b]; ++i) {
+              ASSERT_TRUE(c.append(rc[b]) && p.append(rp[b]));
+              write_token(c, rc[b], i, static_cast<uint64_t>(b));
+              write_token(p, rp[b], i, static_cast<uint64_t>(b));
+            }
+          }
+          const auto q = normals(4 * heads * hd, 31);
+          for (const int64_t split : {32, 48}) {
+            std::vector<float> oc(q.size()), op(q.size()), o1(q.size());
+            const auto peak = dev->memory().by_tag(Tag::workspace).peak;
+            decode_attention(c, rc, 0, q.data(), heads, oc.data(), split);
+            decode_attention(p, rp, 0, q.data(), heads, op.data(), split);
+            const int threads = omp_get_max_threads();
+            omp_set_num_threads(1);
+            decode_attention(p, rp, 0, q.data(), heads, o1.data(), split);
+            omp_set_num_threads(threads);
+            EXPECT_EQ(std::memcmp(oc.data(), op.data(), oc.size() * 4), 0) << "split " << split;
+            EXPECT_EQ(std::memcmp(op.data(), o1.data(), op.size() * 4), 0) << "split " << split << ", one thread";
+            // The workspace: one slot of heads x (head_dim + 2) floats per split of a request of several.
+            int64_t slots = 0;
+            for (int64_t len : lens) slots += decode_splits(len, split) > 1 ? decode_splits(len, split) : 0;
+            EXPECT_EQ(dev->memory().by_tag(Tag::workspace).peak, std::max<std::size_t>(peak, slots * heads * (hd + 2) * 4));
+            for (int64_t b = 0; b < 4; ++b) {
+              std::vector<double> ref(heads * hd);
+              decode_attention_ref(c, rc[b], 0, &q[b * heads * hd], heads, ref.data());
+              const auto e = error_stats(std::vector<double>(op.begin() + b * heads * hd, op.begin() + (b + 1) * heads * hd), ref);
+              EXPECT_LE(e.rel_l2, 2.0 * (hd + lens[b] + 8) * std::ldexp(1.0, -24)) << "request " << b << " split " << split;
+            }
+          }
+          std::vector<float> o(q.size());
+          EXPECT_THROW(decode_attention(c, rc, 0, q.data(), heads, o.data(), 24), Error);  // not a multiple of 16
+          EXPECT_THROW(decode_attention(c, rc, 0, q.data(), heads, o.data(), 0), Error);
+        }
+  });
 }
 
 TEST(DecodeAttention, OffloadedEqualsPagedBitForBitAndCountsItsCopies) {

@@ -1,14 +1,15 @@
 #include "impls/kvcache/decode_attention.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <cmath>
 #include <limits>
+#include <omp.h>
 #include <vector>
 
 #include "common/common.hpp"
-#include "impls/quant/formats.hpp"
+#include "impls/attention/tile_math.hpp"
+#include "impls/kvcache/simd/decode_simd.hpp"
 
 namespace memtrade::kvcache {
 
@@ -59,156 +60,90 @@ void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const fl
   }
 }
 
-namespace {
-
-constexpr int64_t kChunk = 8;  // tokens scored together (chunks start at multiples of 8 positions)
-
-// The same values as decode_head, written so that the compiler vectorizes them (fp8 through a table);
-// fp8-e4m3-static without its scale (the kernel applies it to the scores and the output).
-void decode_fast(KvType t, const uint8_t* r, int64_t n, float* x) {
-  static const std::array<float, 256> fp8 = [] {
-    std::array<float, 256> a{};
-    for (int i = 0; i < 256; ++i) a[i] = quant::fp8_e4m3_decode(static_cast<uint8_t>(i));
-    return a;
-  }();
-  switch (t) {
-    case KvType::f32: std::memcpy(x, r, n * 4); return;
-    case KvType::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, r + 2 * i, 2);
-        const uint32_t w = static_cast<uint32_t>(b) << 16;
-        std::memcpy(x + i, &w, 4);
-      }
-      return;
-    case KvType::int8:
-    case KvType::fp8_e4m3: {
-      float s;
-      std::memcpy(&s, r + n, 4);
-      if (t == KvType::int8)
-        for (int64_t i = 0; i < n; ++i) x[i] = s * static_cast<float>(static_cast<int8_t>(r[i]));
-      else
-        for (int64_t i = 0; i < n; ++i) x[i] = s * fp8[r[i]];
-      return;
-    }
-    case KvType::fp8_e4m3_static:
-      for (int64_t i = 0; i < n; ++i) x[i] = fp8[r[i]];
-      return;
-    default: decode_head(t, r, n, x);
-  }
-}
-
-// Eight-float vectors (GCC / Clang vector extensions: one AVX register, or two SSE ones), internal to
-// this file, so the ABI note for passing them without AVX does not apply.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-using V8 = float __attribute__((vector_size(32)));
-inline V8 load8(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// q.k in a fixed order on every machine (the same for every layout, so paged and contiguous agree bit
-// for bit): two chains of eight partial sums, then a fixed tree over the lanes; head_dim not a multiple
-// of 16 in order.
-float dot(const float* a, const float* b, int64_t n) {
-  if (n % 16 != 0) {
-    float s = 0;
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
-  }
-  V8 s0 = {}, s1 = {};
-  for (int64_t i = 0; i < n; i += 16) {
-    s0 += load8(a + i) * load8(b + i);
-    s1 += load8(a + i + 8) * load8(b + i + 8);
-  }
-  s0 += s1;
-  return ((s0[0] + s0[4]) + (s0[2] + s0[6])) + ((s0[1] + s0[5]) + (s0[3] + s0[7]));
-}
-
-// o = o corr + p[0] v[0] + ... + p[count - 1] v[count - 1], in that order per element, eight columns
-// held in a register across the tokens.
-void scale_add(float* o, float corr, const float* p, const float* const* v, int64_t count, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    V8 acc = load8(o + i) * corr;
-    for (int64_t t = 0; t < count; ++t) acc += p[t] * load8(v[t] + i);
-    std::memcpy(o + i, &acc, sizeof acc);
-  }
-  for (; i < n; ++i) {
-    float acc = o[i] * corr;
-    for (int64_t t = 0; t < count; ++t) acc += p[t] * v[t][i];
-    o[i] = acc;
-  }
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-}  // namespace
+int64_t decode_splits(int64_t tokens, int64_t split_tokens) { return (tokens + split_tokens - 1) / split_tokens; }
 
 void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, const float* q, int64_t heads,
-                      float* out) {
+                      float* out, int64_t split_tokens) {
   check(c, heads);
   const KvShape& s = c.shape();
-  const int64_t hd = s.head_dim, group = heads / s.kv_heads, units = static_cast<int64_t>(reqs.size()) * s.kv_heads;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  MT_CHECK(split_tokens > 0 && split_tokens % simd::kDecodeChunk == 0 && split_tokens <= kMaxSplitTokens,
+           "decode attention: split_tokens (" + std::to_string(split_tokens) + ") must be a positive multiple of " +
+               std::to_string(simd::kDecodeChunk) + " up to " + std::to_string(kMaxSplitTokens));
+  MT_CHECK(heads <= kMaxHeads, "decode attention: at most " + std::to_string(kMaxHeads) + " query heads");
+  const int64_t hd = s.head_dim, group = heads / s.kv_heads, B = static_cast<int64_t>(reqs.size());
   for (int64_t r : reqs) MT_CHECK(c.length(r) > 0, "decode attention: a request has no cached token");
   c.require_staged(reqs, layer);  // here, not from inside the parallel loop
+  // Work units: (request, split, range of KV heads). A request of several splits gets a workspace slot
+  // per split (o, m, l of every query head), merged below; one of a single split is written to `out`.
+  std::vector<int64_t> first_split(static_cast<std::size_t>(B + 1), 0), first_slot(static_cast<std::size_t>(B + 1), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = decode_splits(c.length(reqs[b]), split_tokens);
+    first_split[b + 1] = first_split[b] + n;
+    first_slot[b + 1] = first_slot[b] + (n > 1 ? n : 0);
+  }
+  const int64_t splits = first_split[B], slot_floats = heads * (hd + 2);
+  Buffer ws;
+  if (first_slot[B] > 0)
+    ws = Buffer(c.device().memory(), static_cast<std::size_t>(first_slot[B] * slot_floats) * sizeof(float), Tag::workspace);
+  // Head ranges only where there are fewer splits than threads to keep busy; a range is a partition of the
+  // work, not of the arithmetic, so the result does not depend on the thread count.
+  const int64_t ranges = std::clamp<int64_t>((2 * omp_get_max_threads() + splits - 1) / splits, 1, s.kv_heads);
+  float qk_scale[kMaxHeads];
+  for (int64_t g = 0; g < s.kv_heads; ++g) qk_scale[g] = s.scale(layer, 0, g) / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t u = 0; u < units; ++u) {
-    const int64_t b = u / s.kv_heads, g = u % s.kv_heads;
-    // Static fp8 scales: q.(s_k k) = s_k (q.k) and sum p (s_v v) = s_v sum p v (1 for other types).
-    const float qk_scale = scale * s.scale(layer, 0, g), v_scale = s.scale(layer, 1, g);
-    const float* qg = q + (b * heads + g * group) * hd;  // the group's query heads, consecutive
-    float* og = out + (b * heads + g * group) * hd;
-    alignas(64) float k[kChunk][256], v[kChunk][256];
-    float m[256], l[256], p[256][kChunk];
-    for (int64_t j = 0; j < group; ++j) {
-      m[j] = -std::numeric_limits<float>::infinity();
-      l[j] = 0;
-      std::fill(og + j * hd, og + (j + 1) * hd, 0.f);
-    }
-    // Online softmax over chunks of tokens: score the chunk, rescale once per chunk, add its values.
-    // fp32 records are read in place; other types are decoded once per chunk.
-    auto chunk = [&](const uint8_t* e, int64_t count) {
-      const float *kp[kChunk], *vp[kChunk];
-      for (int64_t t = 0; t < count; ++t) {
-        const uint8_t* kr = e + t * s.entry_bytes() + g * s.head_bytes();
-        const uint8_t* vr = e + t * s.entry_bytes() + (s.kv_heads + g) * s.head_bytes();
-        if (s.type == KvType::f32) {
-          kp[t] = reinterpret_cast<const float*>(kr);
-          vp[t] = reinterpret_cast<const float*>(vr);
-        } else {
-          decode_fast(s.type, kr, hd, k[t]);
-          decode_fast(s.type, vr, hd, v[t]);
-          kp[t] = k[t];
-          vp[t] = v[t];
-        }
-      }
-      for (int64_t j = 0; j < group; ++j) {
-        float mx = m[j];
-        for (int64_t t = 0; t < count; ++t) mx = std::max(mx, p[j][t] = dot(qg + j * hd, kp[t], hd) * qk_scale);
-        const float corr = std::exp(m[j] - mx);  // 0 on the first chunk (m = -inf)
-        float sum = 0;
-        for (int64_t t = 0; t < count; ++t) sum += (p[j][t] = std::exp(p[j][t] - mx));
-        l[j] = l[j] * corr + sum;
-        m[j] = mx;
-        scale_add(og + j * hd, corr, p[j], vp, count, hd);
-      }
-    };
-    c.runs(reqs[b], layer, [&](const uint8_t* e, int64_t pos, int64_t count) {
-      for (int64_t t = 0; t < count;) {
-        const int64_t n = std::min(count - t, kChunk - (pos + t) % kChunk);  // stop at multiples of kChunk
-        chunk(e + t * s.entry_bytes(), n);
-        t += n;
-      }
+  for (int64_t u = 0; u < splits * ranges; ++u) {
+    const int64_t split = u / ranges, range = u % ranges;
+    const int64_t b = std::upper_bound(first_split.begin(), first_split.end(), split) - first_split.begin() - 1;
+    const int64_t sp = split - first_split[b], n_splits = first_split[b + 1] - first_split[b];
+    const int64_t from = sp * split_tokens, to = std::min(from + split_tokens, c.length(reqs[b]));
+    const uint8_t* tokens[kMaxSplitTokens];
+    c.runs_in(reqs[b], layer, from, to, [&](const uint8_t* e, int64_t pos, int64_t count) {
+      for (int64_t t = 0; t < count; ++t) tokens[pos - from + t] = e + t * s.entry_bytes();
     });
-    for (int64_t j = 0; j < group; ++j)
-      for (int64_t i = 0; i < hd; ++i) og[j * hd + i] = og[j * hd + i] / l[j] * v_scale;
+    float m1[kMaxHeads], l1[kMaxHeads];
+    float* slot = n_splits > 1 ? ws.as<float>() + (first_slot[b] + sp) * slot_floats : nullptr;
+    simd::DecodeUnit du;
+    du.type = s.type;
+    du.head_dim = hd;
+    du.head_bytes = s.head_bytes();
+    du.kv_heads = s.kv_heads;
+    du.group = group;
+    du.g0 = range * s.kv_heads / ranges;
+    du.g1 = (range + 1) * s.kv_heads / ranges;
+    du.tokens = tokens;
+    du.count = to - from;
+    du.q = q + b * heads * hd;
+    du.qk_scale = qk_scale;
+    du.o = slot ? slot : out + b * heads * hd;
+    du.m = slot ? slot + heads * hd : m1;
+    du.l = slot ? slot + heads * (hd + 1) : l1;
+    simd::decode_unit(du);
+    if (!slot)
+      for (int64_t h = du.g0 * group; h < du.g1 * group; ++h) {
+        const float inv = 1.f / l1[h], v_scale = s.scale(layer, 1, h / group);
+        for (int64_t i = 0; i < hd; ++i) du.o[h * hd + i] = du.o[h * hd + i] * inv * v_scale;
+      }
+  }
+  // Requests of several splits: the splits' partial softmaxes merged in split order under the largest max.
+  const int64_t multi = first_slot[B];
+  if (multi == 0) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * heads; ++bh) {
+    const int64_t b = bh / heads, h = bh % heads, n = first_slot[b + 1] - first_slot[b];
+    if (n == 0) continue;
+    const float* slot0 = ws.as<float>() + first_slot[b] * slot_floats;
+    float mx = -std::numeric_limits<float>::infinity(), lsum = 0;
+    for (int64_t k = 0; k < n; ++k) mx = std::max(mx, slot0[k * slot_floats + heads * hd + h]);
+    float* o = out + (b * heads + h) * hd;
+    std::fill(o, o + hd, 0.f);
+    for (int64_t k = 0; k < n; ++k) {
+      const float* sl = slot0 + k * slot_floats;
+      const float f = attention::exp_approx(sl[heads * hd + h] - mx);
+      lsum += sl[heads * (hd + 1) + h] * f;
+      for (int64_t i = 0; i < hd; ++i) o[i] += sl[h * hd + i] * f;
+    }
+    const float inv = 1.f / lsum, v_scale = s.scale(layer, 1, h / group);
+    for (int64_t i = 0; i < hd; ++i) o[i] = o[i] * inv * v_scale;
   }
 }
 

@@ -4,12 +4,17 @@
 // the query). The records are dequantized inside the kernels (kv_cache.hpp), so any layout and storage
 // type is read as it is stored.
 //   decode_attention_ref   float64: records decoded to double, softmax in two passes (max, then sum)
-//   decode_attention       fp32, one pass with the online softmax per query head over chunks of up to 8
-//                          tokens (scores of the chunk, one rescale, then its values); each token's K and
-//                          V are decoded once for all query heads that share them; vectorized dot
-//                          products; OpenMP over (request, kv head). Chunks start at
-//                          multiples of 8 positions, so a paged cache whose block size is a multiple of 8
-//                          gives the contiguous cache's result bit for bit.
+//   decode_attention       fp32, flash-decoding: each request's context is cut into splits of split_tokens
+//                          positions; a work unit is (request, split, range of KV heads) and reads its
+//                          tokens' entries front to back (all KV heads of a token together, so memory is
+//                          streamed, not strided by head); the kernel (simd/decode_simd.hpp: Highway,
+//                          dispatched at run time) runs the online softmax over chunks of 16 tokens per
+//                          query head, each K and V record decoded once for the query heads that share it.
+//                          A request of several splits keeps each split's (o, max, sum) in a workspace from
+//                          the device pool (tag workspace: splits x heads x (head_dim + 2) floats) and merges
+//                          them in split order. Splits and chunks depend on positions only, so paged and
+//                          contiguous caches give the same bits for any block size, and so does any thread
+//                          count (head ranges, which follow the thread count, do not change the arithmetic).
 #pragma once
 
 #include <cstdint>
@@ -22,9 +27,16 @@ namespace memtrade::kvcache {
 // out: [heads x head_dim] of one request.
 void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const float* q, int64_t heads, double* out);
 
-// reqs.size() requests at once: q and out are [reqs x heads x head_dim].
+constexpr int64_t kDecodeSplitTokens = 1024;  // default split of a request's context
+constexpr int64_t kMaxSplitTokens = 4096;
+constexpr int64_t kMaxHeads = 1024;  // query heads per request
+
+// reqs.size() requests at once: q and out are [reqs x heads x head_dim]. split_tokens: a positive multiple
+// of 16, at most kMaxSplitTokens.
 void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, const float* q, int64_t heads,
-                      float* out);
+                      float* out, int64_t split_tokens = kDecodeSplitTokens);
+// Splits of a request of `tokens` cached tokens; one of more than one takes a workspace slot.
+int64_t decode_splits(int64_t tokens, int64_t split_tokens = kDecodeSplitTokens);
 
 // Bytes the kernel reads from the cache for one request at one layer (every K and V record).
 inline int64_t decode_bytes_read(const KvCache& c, int64_t req) { return c.length(req) * c.shape().entry_bytes(); }

@@ -110,15 +110,7 @@ void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, float static_s
         x[i] = t == KvType::bf16 ? to_float(bf16_t{b}) : to_float(f16_t{b});
       }
       return;
-    case KvType::int4: {
-      float s;
-      std::memcpy(&s, r + n / 2, 4);
-      for (int64_t i = 0; i < n / 2; ++i) {
-        x[2 * i] = s * static_cast<float>((r[i] & 15) - 8);
-        x[2 * i + 1] = s * static_cast<float>((r[i] >> 4) - 8);
-      }
-      return;
-    }
+    case KvType::int4: decode_int4_head(r, n, x); return;
     case KvType::int8:
     case KvType::fp8_e4m3: {
       float s;
@@ -179,9 +171,11 @@ uint8_t* ContiguousCache::entry(int64_t req, int64_t layer, int64_t pos) {
   return r.buf.as<uint8_t>() + (layer * r.max + pos) * shape_.entry_bytes();
 }
 
-void ContiguousCache::runs(int64_t req, int64_t layer, const RunFn& fn) const {
+void ContiguousCache::runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, const RunFn& fn) const {
   const Req& r = at(req);
-  if (r.len > 0) fn(r.buf.as<uint8_t>() + layer * r.max * shape_.entry_bytes(), 0, r.len);
+  from = std::max<int64_t>(from, 0);
+  to = std::min(to, r.len);
+  if (from < to) fn(r.buf.as<uint8_t>() + (layer * r.max + from) * shape_.entry_bytes(), from, to - from);
 }
 
 int64_t ContiguousCache::reserved_bytes() const {
@@ -333,10 +327,12 @@ void PagedCache::require_staged(std::span<const int64_t> reqs, int64_t layer) co
   }
 }
 
-void PagedCache::runs(int64_t req, int64_t layer, const RunFn& fn) const {
+void PagedCache::runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, const RunFn& fn) const {
   const Req& r = at(req);
-  for (std::size_t i = 0; i < r.table.size(); ++i) {
-    const int64_t first = static_cast<int64_t>(i) * block_tokens_;
+  from = std::max<int64_t>(from, 0);
+  to = std::min(to, r.len);
+  for (int64_t i = from / block_tokens_; from < to && i * block_tokens_ < to; ++i) {
+    const int64_t first = std::max(i * block_tokens_, from);
     const int32_t b = r.table[i];
     const uint8_t* p = nullptr;
     if (b >= 0) {
@@ -345,7 +341,7 @@ void PagedCache::runs(int64_t req, int64_t layer, const RunFn& fn) const {
       if (staged_layer_ != layer || staged_slot_[-1 - b] < 0) require_staged({&req, 1}, layer);  // throws
       p = staging_.as<uint8_t>() + staged_slot_[-1 - b] * slice_bytes();
     }
-    fn(p, first, std::min(block_tokens_, r.len - first));
+    fn(p + (first - i * block_tokens_) * shape_.entry_bytes(), first, std::min((i + 1) * block_tokens_, to) - first);
   }
 }
 

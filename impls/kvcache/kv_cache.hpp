@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <span>
 #include <string>
@@ -75,6 +76,15 @@ struct KvShape {
 // K or V, head) and matters to fp8-e4m3-static only.
 void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, float static_scale = 1.f);
 void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, float static_scale = 1.f);
+// decode_head of an int4 record (also called by the SIMD kernels, which decode int4 to fp32 first).
+inline void decode_int4_head(const uint8_t* r, int64_t head_dim, float* x) {
+  float s;
+  std::memcpy(&s, r + head_dim / 2, 4);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    x[2 * i] = s * static_cast<float>((r[i] & 15) - 8);
+    x[2 * i + 1] = s * static_cast<float>((r[i] >> 4) - 8);
+  }
+}
 
 class KvCache {
  public:
@@ -90,9 +100,13 @@ class KvCache {
   virtual int64_t length(int64_t req) const = 0;
   // Token pos's [K, V] x kv_heads records at `layer`; writable only for the request's last token.
   virtual uint8_t* entry(int64_t req, int64_t layer, int64_t pos) = 0;
-  // The request's tokens at `layer` as runs of consecutive entries: fn(first entry, first pos, count).
+  // The request's tokens at `layer` as runs of consecutive entries: fn(first entry, first pos, count);
+  // runs_in: only those at positions [from, to) (clipped to the request's length), in position order.
   using RunFn = std::function<void(const uint8_t*, int64_t, int64_t)>;
-  virtual void runs(int64_t req, int64_t layer, const RunFn& fn) const = 0;
+  void runs(int64_t req, int64_t layer, const RunFn& fn) const { runs_in(req, layer, 0, length(req), fn); }
+  virtual void runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, const RunFn& fn) const = 0;
+  // The device whose pool holds the cache (the kernels take their workspace from it).
+  virtual Device& device() const = 0;
   // Before the kernels read `layer` of these requests: brings what they will read to the device (an
   // offloading cache); a no-op for caches that keep everything on the device.
   virtual void stage(std::span<const int64_t> reqs, int64_t layer) {
@@ -125,7 +139,8 @@ class ContiguousCache final : public KvCache {
   void release(int64_t req) override;
   int64_t length(int64_t req) const override { return at(req).len; }
   uint8_t* entry(int64_t req, int64_t layer, int64_t pos) override;
-  void runs(int64_t req, int64_t layer, const RunFn& fn) const override;
+  void runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, const RunFn& fn) const override;
+  Device& device() const override { return dev_; }
   int64_t reserved_bytes() const override;
   std::vector<int64_t> live_requests() const override;
 
@@ -150,7 +165,8 @@ class PagedCache final : public KvCache {
   void release(int64_t req) override;
   int64_t length(int64_t req) const override { return at(req).len; }
   uint8_t* entry(int64_t req, int64_t layer, int64_t pos) override;
-  void runs(int64_t req, int64_t layer, const RunFn& fn) const override;
+  void runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, const RunFn& fn) const override;
+  Device& device() const override { return dev_; }
   int64_t reserved_bytes() const override;
   std::vector<int64_t> live_requests() const override;
 

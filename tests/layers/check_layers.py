@@ -17,7 +17,7 @@ BELOW = {
     "model": ["common/", "datasets/", "harness/", "precision/", "model/", "impls/attention/"],
 }
 # Techniques may use everything below app/, and another technique only where the README says so.
-TECHNIQUE_USES = {"quant_model": ["impls/quant/"], "kvcache": ["impls/quant/"], "lora": ["impls/quant/"]}
+TECHNIQUE_USES = {"quant_model": ["impls/quant/"], "kvcache": ["impls/quant/", "impls/attention/"], "lora": ["impls/quant/"]}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "common/simd/convert-inl.h"
+#include "impls/attention/simd/exp-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -112,19 +113,8 @@ void Gemm(int m, int n, int k, const float* a, int64_t ars, int64_t aks, const f
     }
 }
 
-// tile_math.hpp's exp_approx, lane for lane: 0 below -87.3 (and for -inf), NaN stays NaN.
-HWY_INLINE VF Exp(DF df, VF x) {
-  const DI di;
-  const VF lo = hn::Set(df, -87.3f);
-  const auto under = hn::Lt(x, lo);
-  const VF xc = hn::IfThenElse(under, lo, x);
-  const VF k = hn::Floor(hn::MulAdd(xc, hn::Set(df, 1.44269504088896341f), hn::Set(df, 0.5f)));
-  const VF r = hn::NegMulAdd(k, hn::Set(df, 1.42860682030941723e-6f), hn::NegMulAdd(k, hn::Set(df, 0.693145751953125f), xc));
-  VF p = hn::Set(df, 1.f / 5040.f);
-  for (const float coef : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = hn::MulAdd(p, r, hn::Set(df, coef));
-  const VF scale = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(under, hn::Mul(p, scale));
-}
+// tile_math.hpp's exp_approx, lane for lane (exp-inl.h).
+HWY_INLINE VF Exp(DF df, VF x) { return memtrade::simd::HWY_NAMESPACE::ExpApprox(df, x); }
 
 // One key tile of the online softmax in the transposed layout sT[key][query] (queries across the vector):
 // scores -> probabilities under the new running max; m and l updated; c = the factor that rescales what

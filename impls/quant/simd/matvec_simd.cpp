@@ -8,6 +8,7 @@
 #include <algorithm>
 
 
+#include "impls/quant/simd/codes-inl.h"
 #include "impls/quant/simd/matvec_simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -20,13 +21,6 @@ using DI = hn::RebindToSigned<DF>;
 using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
-
-// Lanes(DF) codes from p as int32 (8-bit formats: one byte each; 4-bit formats: the byte that holds
-// elements 2j and 2j + 1).
-HWY_INLINE VI load_bytes_i32(const uint8_t* p) {
-  const hn::Rebind<uint8_t, DF> du8;
-  return hn::BitCast(DI(), hn::PromoteTo(DU(), hn::LoadU(du8, p)));
-}
 
 // nf4's 16 code values, for the lookups below.
 struct Nf4Table {
@@ -57,26 +51,6 @@ HWY_INLINE VF nf4_lookup(VI q, const float* table) {
     r = hn::IfThenElse(hn::RebindMask(df, in_chunk), t, r);
   }
   return r;
-}
-
-// Unscaled values u (dequantized weight = scale * u) of 8-bit codes: int8 q, fp8 decode(q).
-template <Format F>
-HWY_INLINE VF decode8(const uint8_t* p) {
-  const DF df;
-  const DI di;
-  if constexpr (F == Format::int8) {
-    const hn::Rebind<int8_t, DF> di8;
-    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
-  } else {
-    // The scalar decode's bit placement: magnitude bits under a float exponent, times 2^(127 - bias), then
-    // the sign (the blob never holds NaN / Inf codes).
-    constexpr int shift = F == Format::fp8_e4m3 ? 20 : 21;
-    const VI c = load_bytes_i32(p);
-    const VI mag = hn::ShiftLeft<shift>(hn::And(c, hn::Set(di, 0x7F)));
-    const VI sign = hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)));
-    const VF v = hn::Mul(hn::BitCast(df, mag), hn::Set(df, F == Format::fp8_e4m3 ? 0x1p120f : 0x1p112f));
-    return hn::Or(v, hn::BitCast(df, sign));
-  }
 }
 
 // The offsets decode4 subtracts from a 4-bit integer group's codes: 2^23 + z (low nibbles) and 2^19 + z

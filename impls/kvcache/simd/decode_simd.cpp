@@ -1,0 +1,287 @@
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+// Sizeless vector types (SVE, RVV) cannot be held in arrays, which the register blocks below are: those
+// targets are left out, and such machines run the fixed-width target (NEON).
+#if (defined(__aarch64__) || defined(__riscv)) && !defined(HWY_DISABLED_TARGETS)
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "impls/kvcache/simd/decode_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include "common/simd/convert-inl.h"
+#include "impls/attention/simd/exp-inl.h"
+#include "impls/quant/simd/codes-inl.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "common/dtype.hpp"
+#include "impls/attention/tile_math.hpp"
+#include "impls/kvcache/simd/decode_simd.hpp"
+#include "impls/quant/formats.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::kvcache::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr int64_t T = kDecodeChunk;
+// Output columns held in registers by the value pass: up to 4 query heads x kDB vectors of accumulators,
+// kDB loaded values and 4 broadcast weights: 16 + 4 + 4 of AVX-512's 32 registers, 8 + 2 + 4 of the 16
+// of AVX2 and SSE4.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kDB = 4;
+#else
+constexpr int kDB = 2;
+#endif
+constexpr int kJB = 4;  // query heads per register block
+
+// A head record of storage type K: Lanes(DF) elements from element i as fp32 (unscaled), one element, and
+// the record's own scale (1 where the type has none, or a static one the caller folds in).
+template <KvType K>
+struct Rec {
+  static HWY_INLINE VF load(const uint8_t* r, int64_t i) {
+    if constexpr (K == KvType::f32) return hn::LoadU(DF(), reinterpret_cast<const float*>(r) + i);
+    else if constexpr (K == KvType::bf16) {  // the bits on top (a NaN stays a NaN, its payload unquieted)
+      const hn::RebindToUnsigned<DF> du;
+      const hn::Rebind<uint16_t, DF> d16;
+      return hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(r) + i))));
+    }
+    else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
+    else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
+    else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, true>(r + i);
+  }
+  static HWY_INLINE float elem(const uint8_t* r, int64_t i) {
+    if constexpr (K == KvType::f32) {
+      float x;
+      std::memcpy(&x, r + 4 * i, 4);
+      return x;
+    } else if constexpr (K == KvType::bf16 || K == KvType::f16) {
+      uint16_t b;
+      std::memcpy(&b, r + 2 * i, 2);
+      return K == KvType::bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
+    } else if constexpr (K == KvType::int8) {
+      return static_cast<float>(static_cast<int8_t>(r[i]));
+    } else {
+      return quant::fp8_e4m3_decode(r[i]);
+    }
+  }
+  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) {
+    if constexpr (K == KvType::int8 || K == KvType::fp8_e4m3) {
+      float s;
+      std::memcpy(&s, r + hd, 4);
+      return s;
+    } else {
+      return 1.f;
+    }
+  }
+};
+
+// The lane sums of four vectors at once, out[k] = sum of v[k]'s lanes: two interleave-and-add steps
+// leave each 128-bit block holding [a, b, c, d] partial sums, then the blocks are added (about a third of
+// the shuffles of four separate reductions).
+#if HWY_TARGET == HWY_SCALAR
+HWY_INLINE void Sum4(const VF* v, float* out) {
+  for (int k = 0; k < 4; ++k) out[k] = hn::GetLane(v[k]);
+}
+#else
+template <class D>
+HWY_INLINE void AddBlocks(D d, hn::Vec<D> v, float* out) {
+  if constexpr (hn::MaxLanes(d) > 4) {
+    const hn::Half<D> dh;
+    AddBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
+  }
+}
+HWY_INLINE void Sum4(const VF* v, float* out) {
+  const DF df;
+  const hn::Repartition<uint64_t, DF> d64;
+  const VF ab = hn::Add(hn::InterleaveLower(df, v[0], v[1]), hn::InterleaveUpper(df, v[0], v[1]));
+  const VF cd = hn::Add(hn::InterleaveLower(df, v[2], v[3]), hn::InterleaveUpper(df, v[2], v[3]));
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  AddBlocks(df, hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, ab64, cd64)), hn::BitCast(df, hn::InterleaveUpper(d64, ab64, cd64))),
+            out);
+}
+#endif
+
+// One chunk for JB query heads (consecutive, from head h) of one KV head: n <= T tokens whose K and V
+// records are kr[t] and vr[t], with record scales ks[t] and vs[t]; the npf records pf (hb bytes each) are
+// prefetched, four per pair of tokens scored.
+template <KvType K, int JB>
+HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, const float* ks, const float* vs, int64_t n,
+                        int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
+                        int64_t npf, int64_t hb) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float s[JB][T];
+  // Scores, two tokens at a time (an odd last token is paired with itself).
+  for (int64_t t = 0; t < n; t += 2) {
+    for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
+      for (int64_t b = 0; b < hb; b += 64) hwy::Prefetch(pf[f] + b);
+    const uint8_t* k0 = kr[t];
+    const uint8_t* k1 = kr[t + 1 < n ? t + 1 : t];
+    VF a0[JB], a1[JB];
+    for (int j = 0; j < JB; ++j) a0[j] = a1[j] = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + N <= hd; i += N) {
+      const VF x0 = Rec<K>::load(k0, i), x1 = Rec<K>::load(k1, i);
+      for (int j = 0; j < JB; ++j) {
+        const VF qv = hn::LoadU(df, q + j * hd + i);
+        a0[j] = hn::MulAdd(qv, x0, a0[j]);
+        a1[j] = hn::MulAdd(qv, x1, a1[j]);
+      }
+    }
+    // dots[j] and dots[4 + j]: head j's scores of the two tokens
+    VF acc[8];
+    for (int j = 0; j < 4; ++j) {
+      acc[j] = j < JB ? a0[j] : hn::Zero(df);
+      acc[4 + j] = j < JB ? a1[j] : hn::Zero(df);
+    }
+    float dots[8];
+    Sum4(acc, dots);
+    Sum4(acc + 4, dots + 4);
+    for (int j = 0; j < JB; ++j) {
+      float d0 = dots[j], d1 = dots[4 + j];
+      for (int64_t e = i; e < hd; ++e) {
+        d0 += q[j * hd + e] * Rec<K>::elem(k0, e);
+        d1 += q[j * hd + e] * Rec<K>::elem(k1, e);
+      }
+      s[j][t] = d0 * (ks[t] * qk);
+      if (t + 1 < n) s[j][t + 1] = d1 * (ks[t + 1] * qk);
+    }
+  }
+  // The online softmax: new max, the factor for what was accumulated, weights p_t x the V record scale.
+  HWY_ALIGN float w[JB][T];
+  float corr[JB];
+  for (int j = 0; j < JB; ++j) {
+    float mx = m[j];
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[j][t]);
+    for (int64_t t = n; t < T; ++t) s[j][t] = -std::numeric_limits<float>::infinity();
+    corr[j] = attention::exp_approx(m[j] - mx);  // 0 on the first chunk (m = -inf)
+    VF sum = hn::Zero(df);
+    for (int64_t t = 0; t < T; t += N) {
+      const VF p = memtrade::simd::HWY_NAMESPACE::ExpApprox(df, hn::Sub(hn::Load(df, s[j] + t), hn::Set(df, mx)));
+      sum = hn::Add(sum, p);
+      hn::Store(hn::Mul(p, hn::LoadU(df, vs + t)), df, w[j] + t);
+    }
+    l[j] = l[j] * corr[j] + hn::GetLane(hn::SumOfLanes(df, sum));
+    m[j] = mx;
+  }
+  // o = o x corr + sum_t w_t v_t, DB vectors of columns at a time.
+  auto columns = [&](auto db, int64_t i) {
+    constexpr int DB = decltype(db)::value;
+    VF acc[JB][DB];
+    for (int j = 0; j < JB; ++j)
+      for (int v = 0; v < DB; ++v) acc[j][v] = hn::Mul(hn::LoadU(df, o + j * hd + i + v * N), hn::Set(df, corr[j]));
+    for (int64_t t = 0; t < n; ++t) {
+      VF x[DB];
+      for (int v = 0; v < DB; ++v) x[v] = Rec<K>::load(vr[t], i + v * N);
+      for (int j = 0; j < JB; ++j) {
+        const VF wt = hn::Set(df, w[j][t]);
+        for (int v = 0; v < DB; ++v) acc[j][v] = hn::MulAdd(wt, x[v], acc[j][v]);
+      }
+    }
+    for (int j = 0; j < JB; ++j)
+      for (int v = 0; v < DB; ++v) hn::StoreU(acc[j][v], df, o + j * hd + i + v * N);
+  };
+  int64_t i = 0;
+  for (; i + kDB * N <= hd; i += kDB * N) columns(std::integral_constant<int, kDB>(), i);
+  for (; i + N <= hd; i += N) columns(std::integral_constant<int, 1>(), i);
+  for (; i < hd; ++i)
+    for (int j = 0; j < JB; ++j) {
+      float acc = o[j * hd + i] * corr[j];
+      for (int64_t t = 0; t < n; ++t) acc += w[j][t] * Rec<K>::elem(vr[t], i);
+      o[j * hd + i] = acc;
+    }
+}
+
+template <KvType K>
+void Heads(const DecodeUnit& u) {
+  const int64_t hd = u.head_dim, hb = u.head_bytes;
+  // int4: the chunk's records decoded to fp32 (scale included) and read as fp32 records.
+  constexpr bool kTile = K == KvType::int4;
+  constexpr KvType R = kTile ? KvType::f32 : K;
+  HWY_ALIGN float ktile[kTile ? T : 1][kTile ? 256 : 1], vtile[kTile ? T : 1][kTile ? 256 : 1];
+  HWY_ALIGN float ks[T], vs[T];
+  const uint8_t *kr[T], *vr[T];
+  for (int64_t h = u.g0 * u.group; h < u.g1 * u.group; ++h) {
+    u.m[h] = -std::numeric_limits<float>::infinity();
+    u.l[h] = 0;
+    std::fill(u.o + h * hd, u.o + (h + 1) * hd, 0.f);
+  }
+  // Chunk by chunk, every KV head of the unit for each chunk: a chunk's entries stay in the cache while
+  // its heads are worked on.
+  for (int64_t c = 0; c < u.count; c += T) {
+    const int64_t n = std::min(T, u.count - c);
+    for (int64_t g = u.g0; g < u.g1; ++g) {
+      const int64_t h0 = g * u.group, koff = g * hb, voff = (u.kv_heads + g) * hb;
+      for (int64_t t = 0; t < T; ++t) {
+        if (t < n) {
+          kr[t] = u.tokens[c + t] + koff;
+          vr[t] = u.tokens[c + t] + voff;
+          if constexpr (kTile) {
+            decode_int4_head(kr[t], hd, ktile[t]);
+            decode_int4_head(vr[t], hd, vtile[t]);
+            kr[t] = reinterpret_cast<const uint8_t*>(ktile[t]);
+            vr[t] = reinterpret_cast<const uint8_t*>(vtile[t]);
+          }
+          ks[t] = Rec<R>::scale(kr[t], hd);
+          vs[t] = Rec<R>::scale(vr[t], hd);
+        } else {
+          ks[t] = vs[t] = 0;
+        }
+      }
+      // The next chunk's records of this head, prefetched two tokens at a time by the score loop.
+      const uint8_t* pf[2 * T];
+      int64_t npf = 0;
+      for (int64_t t = c + T; t < std::min(c + 2 * T, u.count); ++t) {
+        pf[npf++] = u.tokens[t] + koff;
+        pf[npf++] = u.tokens[t] + voff;
+      }
+      for (int64_t j = 0; j < u.group; j += kJB) {
+        const int64_t h = h0 + j;
+        const float* q = u.q + h * hd;
+        float* o = u.o + h * hd;
+        switch (std::min<int64_t>(kJB, u.group - j)) {
+          case 1: Chunk<R, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
+          case 2: Chunk<R, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
+          case 3: Chunk<R, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
+          default: Chunk<R, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
+        }
+      }
+    }
+  }
+}
+
+void DecodeUnitImpl(const DecodeUnit& u) {
+  switch (u.type) {
+    case KvType::f32: return Heads<KvType::f32>(u);
+    case KvType::bf16: return Heads<KvType::bf16>(u);
+    case KvType::f16: return Heads<KvType::f16>(u);
+    case KvType::int8: return Heads<KvType::int8>(u);
+    case KvType::fp8_e4m3: return Heads<KvType::fp8_e4m3>(u);
+    case KvType::fp8_e4m3_static: return Heads<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
+    case KvType::int4: return Heads<KvType::int4>(u);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::kvcache::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace memtrade::kvcache::simd {
+
+HWY_EXPORT(DecodeUnitImpl);
+
+void decode_unit(const DecodeUnit& u) { HWY_DYNAMIC_DISPATCH(DecodeUnitImpl)(u); }
+
+}  // namespace memtrade::kvcache::simd
+#endif
