@@ -459,6 +459,11 @@ TEST(ZeroModel, StagesAndOffload) {
   const auto off = zero_model_state({1, 2, 1, true, 12});
   EXPECT_EQ(off.device_bytes, 2);
   EXPECT_EQ(off.host_bytes, 14);
+  const auto dpu = zero_model_state({1, 2, 1, true, 12, true});
+  EXPECT_EQ(dpu.device_bytes, 2);
+  EXPECT_EQ(dpu.host_bytes, 16);
+  EXPECT_EQ(test::error_of([] { zero_model_state({1, 2, 1, false, 12, true}); }),
+            "zero model: the delayed parameter update needs ZeRO-Offload");
   // One device: every stage is plain data parallelism.
   for (int stage = 0; stage < 4; ++stage) EXPECT_EQ(zero_model_state({1, stage, 1, false, 12}).device_bytes, 16);
   EXPECT_EQ(test::error_of([] { zero_model_state({1, 4, 1, false, 12}); }), "zero model: stage 4 is not one of 0-3");

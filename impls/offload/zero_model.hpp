@@ -7,7 +7,8 @@
 //   stage 2 (+ gradients)             2 P + (2 + K) P / N
 //   stage 3 (+ weights)               (2 + 2 + K) P / N
 //   ZeRO-Offload (stage 2 on the host): device 2 P; host (2 + K) P in all (the 16-bit gradients and the
-//   optimizer state of every rank's partition)
+//   optimizer state of every rank's partition); with DeepSpeed's delayed parameter update (DPU) the host
+//   also keeps the pending step's 16-bit gradients while the next step's arrive: host (2 + 2 + K) P
 // Activations, buffers and fragmentation are not model state: what a device needs in all is more.
 #pragma once
 
@@ -21,6 +22,7 @@ struct ZeroConfig {
   int64_t devices = 1;   // N, data-parallel ranks
   bool offload = false;  // ZeRO-Offload (stage 2 with the optimizer on the host)
   double k = 12;         // optimizer bytes per parameter
+  bool delayed_update = false;  // offload with the delayed parameter update (a second host gradient buffer)
 };
 
 struct ZeroMemory {
@@ -28,7 +30,8 @@ struct ZeroMemory {
   double host_bytes = 0;    // in all
 };
 
-// Throws Error for a stage outside 0-3, N < 1, offload with a stage other than 2, or P < 0.
+// Throws Error for a stage outside 0-3, N < 1, offload with a stage other than 2, a delayed update without
+// offload, or P < 0.
 ZeroMemory zero_model_state(const ZeroConfig& c);
 
 }  // namespace memtrade::offload
