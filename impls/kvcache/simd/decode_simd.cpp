@@ -7,7 +7,6 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "impls/kvcache/simd/decode_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "common/simd/convert-inl.h"
@@ -113,7 +112,9 @@ HWY_INLINE void Sum4(const VF* v, float* out) {
 
 // One chunk for JB query heads (consecutive, from head h) of one KV head: n <= T tokens whose K and V
 // records are kr[t] and vr[t], with record scales ks[t] and vs[t]; the npf records pf (hb bytes each) are
-// prefetched, four per pair of tokens scored.
+// prefetched, four per pair of tokens scored, into L2 only: prefetched into L1 (hwy::Prefetch, T0) the
+// next chunk (16 KB per KV head for fp32) evicts the chunk being worked on and the queries, and
+// fp32 ran at half the speed.
 template <KvType K, int JB>
 HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, const float* ks, const float* vs, int64_t n,
                         int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
@@ -124,7 +125,7 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
   // Scores, two tokens at a time (an odd last token is paired with itself).
   for (int64_t t = 0; t < n; t += 2) {
     for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
-      for (int64_t b = 0; b < hb; b += 64) hwy::Prefetch(pf[f] + b);
+      for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(pf[f] + b, 0, 2);  // to L2, not L1
     const uint8_t* k0 = kr[t];
     const uint8_t* k1 = kr[t + 1 < n ? t + 1 : t];
     VF a0[JB], a1[JB];
