@@ -1,7 +1,6 @@
 #include "impls/kvcache/decode_attention.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
 #include <limits>
 #include <omp.h>

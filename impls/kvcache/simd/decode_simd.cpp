@@ -47,7 +47,9 @@ template <KvType K>
 struct Rec {
   static HWY_INLINE VF load(const uint8_t* r, int64_t i) {
     if constexpr (K == KvType::f32) return hn::LoadU(DF(), reinterpret_cast<const float*>(r) + i);
-    else if constexpr (K == KvType::bf16) {  // the bits on top (a NaN stays a NaN, its payload unquieted)
+    else if constexpr (K == KvType::bf16) {
+      // The bits on top; a NaN stays a NaN, unquieted. convert-inl.h's LoadF32 also quiets NaNs, which cost
+      // bf16 at 32K tokens, batch 8, 69-77 ms against 58-61 ms here.
       const hn::RebindToUnsigned<DF> du;
       const hn::Rebind<uint16_t, DF> d16;
       return hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(r) + i))));
