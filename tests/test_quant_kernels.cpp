@@ -76,7 +76,9 @@ TEST(QuantKernels, EveryTargetIsReachable) {
     EXPECT_EQ(simd::target_name(), simd::name_of(t));
     // Below the best target the hand-written AVX-512 kernel stands aside: the portable path runs.
     const QLayout L = layout(parse_spec("int4-g128"), 4, 256);
-    if (t != all.front()) EXPECT_EQ(matvec_cpu_path(L), "hwy-" + simd::name_of(t));
+    if (t != all.front()) {
+      EXPECT_EQ(matvec_cpu_path(L), "hwy-" + simd::name_of(t));
+    }
   });
   EXPECT_EQ(simd::target_name(), simd::name_of(all.front()));
 }
@@ -217,9 +219,21 @@ TEST(QuantKernels, BadArguments) {
 
 namespace {
 
-const char* a16_specs[] = {"int8", "int4-g32", "int4-g128", "int4-asym-g64", "int4-asym-g96"};
+const char* a16_specs[] = {"int8", "int4-g32", "int4-g128", "int4-asym-g64", "int4-asym-g96", "nf4", "nf4-g128", "nf4-dq"};
 
-double a16_bound(const QLayout& L, const uint8_t* blob, const std::vector<float>& Wd, const std::vector<double>& xh,
+// The weights the kernel multiplies: the dequantized ones, or for nf4 absmax x level(q) x 2^-13.
+std::vector<double> a16_weights(const QLayout& L, const uint8_t* blob, const std::vector<float>& Wd) {
+  std::vector<double> w(Wd.begin(), Wd.end());
+  if (L.spec.format != Format::nf4) return w;
+  for (int64_t r = 0; r < L.rows; ++r)
+    for (int64_t k = 0; k < L.cols; ++k) {
+      const int q = nibble(blob + L.codes.offset + r * L.row_bytes, k);
+      w[r * L.cols + k] = static_cast<double>(stored_params(L, blob, r, k / L.group).scale) * a16_nf4_level(q) / 8192.0;
+    }
+  return w;
+}
+
+double a16_bound(const QLayout& L, const uint8_t* blob, const std::vector<double>& Wd, const std::vector<double>& xh,
                  int64_t r) {
   const int64_t K = L.cols;
   double S = 0;
@@ -251,18 +265,28 @@ TEST(QuantA16, MatchesItsFloat64SemanticsOnEveryTarget) {
         std::vector<double> xh(sh.K);
         for (int64_t k = 0; k < sh.K; ++k) xh[k] = static_cast<double>(a.scale[k / kA16Block]) * a.q[k];
         const std::vector<double> act = a16_activation_bound(a, Wd.data(), sh.N, sh.K);
+        const std::vector<double> lev = a16_code_bound(L, blob.data(), a);
+        const std::vector<double> Wk = a16_weights(L, blob.data(), Wd);
         std::vector<char> ws(a16_workspace_bytes(sh.K));
         std::vector<float> y(sh.N, NAN);
         matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
+        double lev_max = 0;
         for (int64_t r = 0; r < sh.N; ++r) {
-          double d = 0, dx = 0;
+          double d = 0, dx = 0, dlev = 0;
           for (int64_t k = 0; k < sh.K; ++k) {
-            d += static_cast<double>(Wd[r * sh.K + k]) * xh[k];
+            d += Wk[r * sh.K + k] * xh[k];
             dx += static_cast<double>(Wd[r * sh.K + k]) * x[k];
+            dlev += std::fabs(Wk[r * sh.K + k] - Wd[r * sh.K + k]) * std::fabs(xh[k]);
           }
-          const double arith = a16_bound(L, blob.data(), Wd, xh, r);
+          const double arith = a16_bound(L, blob.data(), Wk, xh, r);
           ASSERT_LE(std::fabs(y[r] - d), arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
-          ASSERT_LE(std::fabs(y[r] - dx), act[r] + arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
+          ASSERT_LE(std::fabs(y[r] - dx), act[r] + lev[r] + arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
+          // The level bound is the levels' own displacement, exactly (0 for the integer formats).
+          ASSERT_NEAR(lev[r], dlev, 1e-12 * (1 + dlev)) << name << " row " << r;
+          lev_max = std::max(lev_max, lev[r]);
+        }
+        if (L.spec.format == Format::nf4 && sh.K >= 7) {
+          EXPECT_GT(lev_max, 0.0) << name;  // the levels do move
         }
       }
   });
@@ -298,19 +322,21 @@ TEST(QuantA16, ActivationCodesAndTheirError) {
 
   // The NaN reaches the outputs, on every target.
   for_each_simd_target([&](int64_t) {
-    const QLayout L = layout(parse_spec("int4-g32"), 3, static_cast<int64_t>(x.size()));
-    const std::vector<float> W = normal_vec(3 * static_cast<int64_t>(x.size()), 6);
-    std::vector<uint8_t> blob(L.total_bytes());
-    quantize(L, W.data(), blob.data());
-    std::vector<char> ws(a16_workspace_bytes(L.cols));
-    std::vector<float> y(3);
-    matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
-    for (float v : y) EXPECT_TRUE(std::isnan(v));
+    for (const char* name : {"int4-g32", "nf4"}) {
+      const QLayout L = layout(parse_spec(name), 3, static_cast<int64_t>(x.size()));
+      const std::vector<float> W = normal_vec(3 * static_cast<int64_t>(x.size()), 6);
+      std::vector<uint8_t> blob(L.total_bytes());
+      quantize(L, W.data(), blob.data());
+      std::vector<char> ws(a16_workspace_bytes(L.cols));
+      std::vector<float> y(3);
+      matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
+      for (float v : y) EXPECT_TRUE(std::isnan(v)) << name;
+    }
   });
 }
 
 TEST(QuantA16, FormatsWithoutIntegerCodesAreNamed) {
-  for (const char* name : {"nf4", "fp8-e4m3", "int4-g16", "int4-asym-g33"}) {
+  for (const char* name : {"nf4-g32", "fp8-e4m3", "int4-g16", "int4-asym-g33"}) {
     const QLayout L = layout(parse_spec(name), 4, 64);
     EXPECT_NE(a16_unsupported(L), "") << name;
     std::vector<uint8_t> blob(L.total_bytes());

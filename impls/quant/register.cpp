@@ -10,9 +10,9 @@
 //
 // Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
 // (packed codes read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on
-// dequantized panels), `packed-a16` on the CPU (int8 / int4 matvec with the activations rounded to int16
-// per block of 32 and integer multiply-adds: simd/matvec_a16.hpp; judged with the derived bound on what
-// that rounding can move) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
+// dequantized panels), `packed-a16` on the CPU (int8 / int4 codes, or nf4's levels as int16, times the
+// activations rounded to int16 per block of 32, in integer multiply-adds: simd/matvec_a16.hpp; judged
+// with the derived bound on what those roundings can move) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
 // Counters: weight_bytes (codes + scales + zero points, the exact blob), bits_per_weight, output error
 // against the float64 product with the ORIGINAL weights (rel_l2_err: quantization + arithmetic), the
 // weight reconstruction error (weight_rel_l2_err), the layer-output MSE on the calibration rows and on
@@ -125,7 +125,10 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   if (q.m == 1 && a16_unsupported(p->L).empty()) {
     std::vector<float> wd(p->w.size());
     dequantize(p->L, p->blob.data(), wd.data());
-    const auto shift = a16_activation_bound(quantize_activations_a16(p->x.data(), q.k), wd.data(), q.n, q.k);
+    const A16Activations a = quantize_activations_a16(p->x.data(), q.k);
+    auto shift = a16_activation_bound(a, wd.data(), q.n, q.k);
+    const auto levels = a16_code_bound(p->L, p->blob.data(), a);  // nf4's int16 levels; 0 otherwise
+    for (std::size_t r = 0; r < shift.size(); ++r) shift[r] += levels[r];
     p->a16_max_shift = *std::max_element(shift.begin(), shift.end());
   }
   return p;
@@ -328,7 +331,7 @@ void register_technique(Registry& r) {
   add("reference", Role::reference, "dequantize each weight, float64 accumulation", false);
   add("packed", Role::optimized, "packed codes decoded in registers (AVX-512, OpenMP); matmul via OpenBLAS panels", true);
   add("packed-a16", Role::optimized,
-      "int8 / int4 codes times int16-quantized activations (per 32), exact int32 pairwise products (Highway)", true);
+      "int8 / int4 codes (nf4: int16 levels) times int16-quantized activations (per 32), exact int32 pairwise products (Highway)", true);
   add("packed", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
       Backend::cuda);
   t.claims["int4-7b"] = check_int4_7b;

@@ -59,6 +59,59 @@ HWY_INLINE VF block8(const int8_t* codes, const int16_t* xq) {
   return hn::ConvertTo(DF(), hn::RearrangeToOddPlusEven(s0, s1));
 }
 
+// nf4: the 16 levels as int16 (a16_nf4_level), split into their low and their high bytes for byte
+// lookups (TableLookupBytes: pshufb on x86, tbl on Arm).
+struct Nf4Bytes {
+  HWY_ALIGN uint8_t lo[16], hi[16];
+  Nf4Bytes() {
+    for (int c = 0; c < 16; ++c) {
+      const auto v = static_cast<uint16_t>(a16_nf4_level(c));
+      lo[c] = static_cast<uint8_t>(v & 0xFF);
+      hi[c] = static_cast<uint8_t>(v >> 8);
+    }
+  }
+};
+
+// One step of nf4 codes: kNfBlocks blocks (16 code bytes each) whose activation codes are laid out as
+// a16_nf4_position says. The low and the high nibbles index the two byte tables, and interleaving the
+// bytes gives each element's int16 level, in the order of the layout (128-bit block h of a vector holds
+// block h's elements). Adds to acc the int32 sums of level x code as floats, each 128-bit block times its
+// block's scale s[h] (the activation block's scale times the group's absmax).
+#if HWY_TARGET != HWY_SCALAR
+#if HWY_ARCH_X86
+using D8 = hn::Repartition<uint8_t, D16>;  // 256 bits: two blocks per step
+#else
+using D8 = hn::CappedTag<uint8_t, 16>;     // one block per step
+#endif
+using DF8 = hn::Repartition<float, D8>;
+constexpr int64_t kNfBlocks = static_cast<int64_t>(hn::MaxLanes(D8())) / 16;
+static_assert(kNfBlocks == 1 || kNfBlocks == 2);
+
+HWY_INLINE hn::Vec<DF8> nf4_step(const uint8_t* codes, const int16_t* xq, const float* s, hn::Vec<D8> tlo, hn::Vec<D8> thi,
+                                 hn::Vec<DF8> acc) {
+  const D8 d8;
+  const hn::Repartition<int16_t, D8> d16;
+  const hn::Repartition<int32_t, D8> d32;
+  const DF8 df;
+  const auto c = hn::LoadU(d8, codes);
+  const auto lo = hn::And(c, hn::Set(d8, 0x0F)), hi = hn::ShiftRight<4>(c);
+  const auto el = hn::TableLookupBytes(tlo, lo), eh = hn::TableLookupBytes(thi, lo);
+  const auto ol = hn::TableLookupBytes(tlo, hi), oh = hn::TableLookupBytes(thi, hi);
+  hn::Vec<decltype(d32)> s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+  const hn::Vec<decltype(d16)> w[4] = {hn::BitCast(d16, hn::InterleaveLower(d8, el, eh)), hn::BitCast(d16, hn::InterleaveUpper(d8, el, eh)),
+                                       hn::BitCast(d16, hn::InterleaveLower(d8, ol, oh)), hn::BitCast(d16, hn::InterleaveUpper(d8, ol, oh))};
+  // Vector v's block j lies at xq + 16 v + 8 j (a16_nf4_position), so a one-block step reads 8 of 16.
+  for (int v = 0; v < 4; ++v) s0 = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, xq + v * 16), s0, s1);
+  const auto f = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(s0, s1));
+  if constexpr (kNfBlocks == 2) {
+    const hn::Half<DF8> dh;
+    return hn::MulAdd(f, hn::Combine(df, hn::Set(dh, s[1]), hn::Set(dh, s[0])), acc);
+  } else {
+    return hn::MulAdd(f, hn::Set(df, s[0]), acc);
+  }
+}
+#endif
+
 // sum_b xs[b] * block(b) over the blocks [b0, b1) of one row, two blocks per step (two fma chains) with
 // one software prefetch per step.
 template <Format F>
@@ -129,8 +182,71 @@ void MatvecA16T(const QLayout& L, const uint8_t* blob, const int16_t* xq, const 
   }
 }
 
+// nf4: y_r = 2^-13 sum_g sum_b (a_g xs_b) sum_{k in b} level(q_k) x^_k over whole pairs of blocks (64
+// elements, within one group: a16_unsupported asks groups of a multiple of 64 or one group per row), then
+// the elements after the last whole pair in natural order, each block's sum in int64.
+template <bool kDq>
+void MatvecA16Nf4(const QLayout& L, const uint8_t* blob, const int16_t* xq, const float* xs, float* y) {
+  const int64_t N = L.rows, K = L.cols, gpr = L.groups_per_row, pairs = K / 64;
+  const int64_t G = gpr == 1 ? K : L.group, per_group = gpr == 1 ? pairs : G / 64;  // whole pairs per group
+#if HWY_TARGET != HWY_SCALAR
+  const D8 d8;
+  const DF8 df;
+  const Nf4Bytes tb;
+  const auto tlo = hn::LoadDup128(d8, tb.lo), thi = hn::LoadDup128(d8, tb.hi);
+#else
+  const DF df;
+#endif
+  const float mean = kDq ? load_bytes<float>(blob + L.dq_mean.offset) : 0.f;
+  // Group i's absmax (stored_params' nf4 branches, without the format switch).
+  auto absmax = [&](int64_t i) {
+    if constexpr (kDq)
+      return nf4_dq_absmax(static_cast<int8_t>(blob[L.scales.offset + i]),
+                           load_bytes<float>(blob + L.dq_scales.offset + 4 * (i / nf4_dq_block)), mean);
+    else
+      return load_bytes<float>(blob + L.scales.offset + 4 * i);
+  };
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t r = 0; r < N; ++r) {
+    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+    auto acc = hn::Zero(df);
+    for (int64_t g = 0, p = 0; p < pairs; ++g) {
+      const float a = absmax(r * gpr + g);
+      for (const int64_t p1 = std::min(pairs, p + per_group); p < p1; ++p) {
+        hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
+        const float s[2] = {a * xs[2 * p], a * xs[2 * p + 1]};
+#if HWY_TARGET == HWY_SCALAR
+        for (int64_t h = 0; h < 2; ++h) {
+          int64_t t = 0;
+          for (int64_t pos = 0; pos < 64; ++pos)
+            if (pos % 16 / 8 == h) t += a16_nf4_level(nibble(row, 64 * p + a16_nf4_position(pos))) * xq[64 * p + pos];
+          acc = hn::MulAdd(hn::Set(df, static_cast<float>(t)), hn::Set(df, s[h]), acc);
+        }
+#else
+        if constexpr (kNfBlocks == 2) {
+          acc = nf4_step(row + 32 * p, xq + 64 * p, s, tlo, thi, acc);
+        } else {
+          acc = nf4_step(row + 32 * p, xq + 64 * p, s, tlo, thi, acc);
+          acc = nf4_step(row + 32 * p + 16, xq + 64 * p + 8, s + 1, tlo, thi, acc);
+        }
+#endif
+      }
+    }
+    float tail = 0.f;
+    for (int64_t b = 2 * pairs; b * kA16Block < K; ++b) {
+      int64_t t = 0;
+      for (int64_t k = b * kA16Block; k < std::min(K, (b + 1) * kA16Block); ++k) t += a16_nf4_level(nibble(row, k)) * xq[k];
+      tail += absmax(r * gpr + b * kA16Block / G) * xs[b] * static_cast<float>(t);
+    }
+    y[r] = (hn::GetLane(hn::SumOfLanes(df, acc)) + tail) * 0x1p-13f;
+  }
+}
+
 void MatvecA16(const QLayout& L, const uint8_t* blob, const int16_t* xq, const float* xs, const float* cs, float* y) {
   switch (L.spec.format) {
+    case Format::nf4: return L.spec.double_quant ? MatvecA16Nf4<true>(L, blob, xq, xs, y) : MatvecA16Nf4<false>(L, blob, xq, xs, y);
     case Format::int8: return MatvecA16T<Format::int8>(L, blob, xq, xs, cs, y);
     case Format::int4: return MatvecA16T<Format::int4>(L, blob, xq, xs, cs, y);
     case Format::int4_asym: return MatvecA16T<Format::int4_asym>(L, blob, xq, xs, cs, y);
@@ -171,9 +287,18 @@ double quantize_block(const float* x, int64_t n, int16_t* q, float& scale) {
   return 0.504 * scale;
 }
 
-bool four_bit_order(const QLayout& L) { return L.spec.format != Format::int8; }
+bool four_bit_order(const QLayout& L) { return L.spec.format == Format::int4 || L.spec.format == Format::int4_asym; }
 
 }  // namespace a16
+
+int16_t a16_nf4_level(int code) {
+  return static_cast<int16_t>(std::lrint(static_cast<double>(nf4_code(code)) * (1 << kA16Nf4Bits)));
+}
+
+int64_t a16_nf4_position(int64_t pos) {
+  const int64_t v = pos / 16, h = pos % 16 / 8, j = pos % 8;  // vector (evens 0-1, odds 2-3), block, lane
+  return 32 * h + 16 * (v % 2) + 2 * j + v / 2;
+}
 
 std::string a16_unsupported(const QLayout& L) {
   switch (L.spec.format) {
@@ -184,7 +309,11 @@ std::string a16_unsupported(const QLayout& L) {
         return "the integer path needs groups of a multiple of " + std::to_string(kA16Block) + " (got " +
                std::to_string(L.group) + ")";
       return {};
-    default: return std::string(format_name(L.spec.format)) + " codes are not integers (the integer path takes int8 and int4)";
+    case Format::nf4:
+      if (L.group % 64 != 0 && L.groups_per_row > 1)
+        return "the integer path needs nf4 groups of a multiple of 64 (got " + std::to_string(L.group) + ")";
+      return {};
+    default: return std::string(format_name(L.spec.format)) + " codes are not integers (the integer path takes int8, int4 and nf4's levels)";
   }
 }
 
@@ -205,6 +334,24 @@ std::vector<double> a16_activation_bound(const A16Activations& a, const float* W
   std::vector<double> bound(static_cast<std::size_t>(N), 0.0);
   for (int64_t r = 0; r < N; ++r)
     for (int64_t k = 0; k < K; ++k) bound[r] += a.max_err[k / kA16Block] * std::fabs(static_cast<double>(Wd[r * K + k]));
+  return bound;
+}
+
+std::vector<double> a16_code_bound(const QLayout& L, const uint8_t* blob, const A16Activations& a) {
+  const int64_t N = L.rows, K = L.cols;
+  MT_CHECK(static_cast<int64_t>(a.q.size()) == K, "a16_code_bound: activations of another length");
+  std::vector<double> bound(static_cast<std::size_t>(N), 0.0);
+  if (L.spec.format != Format::nf4) return bound;
+  for (int64_t r = 0; r < N; ++r) {
+    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+    for (int64_t k = 0; k < K; ++k) {
+      const float s = stored_params(L, blob, r, k / L.group).scale;
+      const int q = nibble(row, k);
+      const double used = static_cast<double>(s) * a16_nf4_level(q) / (1 << kA16Nf4Bits);
+      const double x = static_cast<double>(a.scale[k / kA16Block]) * a.q[k];
+      bound[r] += std::fabs(static_cast<double>(decode_value(Format::nf4, q, s, 0.f)) - used) * std::fabs(x);
+    }
+  }
   return bound;
 }
 
@@ -245,6 +392,12 @@ void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y,
       group_sum = 0;
     }
   }
+  if (L.spec.format == Format::nf4)  // whole pairs of blocks in the kernel's order (a16_nf4_position)
+    for (int64_t k0 = 0; k0 + 64 <= K; k0 += 64) {
+      int16_t pair[64];
+      std::copy(xq + k0, xq + k0 + 64, pair);
+      for (int64_t pos = 0; pos < 64; ++pos) xq[k0 + pos] = pair[a16_nf4_position(pos)];
+    }
   HWY_DYNAMIC_DISPATCH(a16::MatvecA16)(L, blob, xq, xs, cs, y);
 }
 

@@ -4,18 +4,23 @@
 // Highway's ReorderWidenMulAccumulate), so a 4-bit weight costs a mask or a shift and half a multiply-add
 // instead of a float decode and an fma; the sum of a block becomes a float once and takes the block's
 // scale, the group's sum its scale, and the zero point comes off once per group (z times the group's
-// activation sum, computed once per call). Only formats whose codes are integers take
-// it: int8 (per channel) and int4 / int4-asym with groups a multiple of 32 or one group per row (nf4 and
-// fp8 codes are not integers). This is the W4A16 variant of llama.cpp's W4A8 dot products: 16-bit
+// activation sum, computed once per call). Formats whose codes are integers take it: int8 (per
+// channel) and int4 / int4-asym with groups a multiple of 32 or one group per row. nf4 takes it through
+// its levels as int16 fixed point, level(q) = round(code(q) 2^13) (|level| <= 2^13, off by at most 2^-14
+// of the group's absmax): each code byte's two nibbles index a low-byte and a high-byte table (x86
+// pshufb), the bytes interleaved give the int16 levels, and y is 2^-13 sum a_g sum_b xs_b sum level x^;
+// groups of a multiple of 64 or one per row (a16_code_bound bounds what the levels move). fp8 codes are
+// not integers. This is the W4A16 variant of llama.cpp's W4A8 dot products: 16-bit
 // activation codes keep the activation error 256 times below 8-bit ones, for twice the multiply-adds
 // (vpmaddwd takes 16 int16 pairs per 256 bits where vpmaddubsw takes 32 byte pairs; Highway 1.0 has no
 // portable form of the latter). The error is bounded per case: |x_k - x^_k| <= 0.504 s_b (half a step,
 // plus the rounding of x / s_b), so each output moves by at most sum_k 0.504 s_b(k) |w_k|
 // (a16_activation_bound).
 //
-// Accumulation: exact int32 inside a block (|code| <= 15 (4-bit) or 127 (int8), |x^| <= 32767); the
-// block's lanes become floats (exactly where a lane's sum stays below 2^24: every 4-bit block, int8 on
-// 256-bit vectors; rounded once otherwise) and are summed in fp32 across blocks, lanes and groups.
+// Accumulation: exact int32 inside a block (|code| <= 15 (4-bit) or 127 (int8), |x^| <= 32767; nf4: at
+// most 8 products of |level| <= 2^13 per lane); the block's lanes become floats (exactly where a lane's sum
+// stays below 2^24: every int4 block, int8 on 256-bit vectors; rounded once otherwise) and are summed in
+// fp32 across blocks, lanes and groups.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +33,13 @@
 namespace memtrade::quant {
 
 inline constexpr int64_t kA16Block = 32;
+inline constexpr int kA16Nf4Bits = 13;  // nf4 levels in units of 2^-13
+
+// nf4 code q's level as the kernel multiplies it: round(nf4_code(q) x 2^13).
+int16_t a16_nf4_level(int code);
+// nf4's activation layout within each whole pair of blocks (64 elements): position pos of the pair holds
+// element a16_nf4_position(pos) (the kernel's vectors: even elements of both blocks, then odd ones).
+int64_t a16_nf4_position(int64_t pos);
 
 // Why the integer path cannot take this layout, or "" when it can.
 std::string a16_unsupported(const QLayout& L);
@@ -46,6 +58,10 @@ A16Activations quantize_activations_a16(const float* x, int64_t K);
 // Per output row, the most the activation rounding can move y: sum_k max_err[k / 32] |Wd[r, k]|,
 // with Wd the dequantized weights [N x K] (row-major).
 std::vector<double> a16_activation_bound(const A16Activations& a, const float* Wd, int64_t N, int64_t K);
+
+// Per output row, the most the nf4 levels' rounding can move y: sum_k |deq(q_k) - a_g level(q_k) 2^-13|
+// |x^_k| (0 for the integer formats, whose codes are used as they are).
+std::vector<double> a16_code_bound(const QLayout& L, const uint8_t* blob, const A16Activations& a);
 
 // Bytes of workspace matvec_a16 needs for K columns (the int16 codes in the kernel's order and the
 // block scales); the caller allocates it (any alignment of a float).
