@@ -124,7 +124,10 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   HWY_ALIGN float s[JB][T];
-  // Scores, two tokens at a time (an odd last token is paired with itself).
+  HWY_ALIGN float kq[T];  // a token's score factor: its record scale x 1 / sqrt(head_dim)
+  for (int64_t t = 0; t < T; ++t) kq[t] = t < n ? ks[t] * qk : 0.f;
+  // Scores, two tokens at a time (an odd last token is paired with itself; its copy lands at position n,
+  // which the softmax below sets to -inf).
   for (int64_t t = 0; t < n; t += 2) {
     for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
       for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(pf[f] + b, 0, 2);  // to L2, not L1
@@ -150,14 +153,15 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
     float dots[8];
     Sum4(acc, dots);
     Sum4(acc + 4, dots + 4);
+    if (i < hd)  // head_dim not a multiple of the vector: the last elements one by one
+      for (int j = 0; j < JB; ++j)
+        for (int64_t e = i; e < hd; ++e) {
+          dots[j] += q[j * hd + e] * Rec<K>::elem(k0, e);
+          dots[4 + j] += q[j * hd + e] * Rec<K>::elem(k1, e);
+        }
     for (int j = 0; j < JB; ++j) {
-      float d0 = dots[j], d1 = dots[4 + j];
-      for (int64_t e = i; e < hd; ++e) {
-        d0 += q[j * hd + e] * Rec<K>::elem(k0, e);
-        d1 += q[j * hd + e] * Rec<K>::elem(k1, e);
-      }
-      s[j][t] = d0 * (ks[t] * qk);
-      if (t + 1 < n) s[j][t + 1] = d1 * (ks[t + 1] * qk);
+      s[j][t] = dots[j] * kq[t];
+      s[j][t + 1] = dots[4 + j] * kq[t + 1];
     }
   }
   // The online softmax: new max, the factor for what was accumulated, weights p_t x the V record scale.
