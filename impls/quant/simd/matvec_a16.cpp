@@ -97,11 +97,13 @@ HWY_INLINE hn::Vec<DF8> nf4_step(const uint8_t* codes, const int16_t* xq, const 
   const auto lo = hn::And(c, hn::Set(d8, 0x0F)), hi = hn::ShiftRight<4>(c);
   const auto el = hn::TableLookupBytes(tlo, lo), eh = hn::TableLookupBytes(thi, lo);
   const auto ol = hn::TableLookupBytes(tlo, hi), oh = hn::TableLookupBytes(thi, hi);
-  hn::Vec<decltype(d32)> s0 = hn::Zero(d32), s1 = hn::Zero(d32);
-  const hn::Vec<decltype(d16)> w[4] = {hn::BitCast(d16, hn::InterleaveLower(d8, el, eh)), hn::BitCast(d16, hn::InterleaveUpper(d8, el, eh)),
-                                       hn::BitCast(d16, hn::InterleaveLower(d8, ol, oh)), hn::BitCast(d16, hn::InterleaveUpper(d8, ol, oh))};
   // Vector v's block j lies at xq + 16 v + 8 j (a16_nf4_position), so a one-block step reads 8 of 16.
-  for (int v = 0; v < 4; ++v) s0 = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, xq + v * 16), s0, s1);
+  // (No arrays of vectors: sizeless vector types, SVE's, cannot be array elements.)
+  hn::Vec<decltype(d32)> s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+  s0 = hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, hn::InterleaveLower(d8, el, eh)), hn::LoadU(d16, xq), s0, s1);
+  s0 = hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, hn::InterleaveUpper(d8, el, eh)), hn::LoadU(d16, xq + 16), s0, s1);
+  s0 = hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, hn::InterleaveLower(d8, ol, oh)), hn::LoadU(d16, xq + 32), s0, s1);
+  s0 = hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, hn::InterleaveUpper(d8, ol, oh)), hn::LoadU(d16, xq + 48), s0, s1);
   const auto f = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(s0, s1));
   if constexpr (kNfBlocks == 2) {
     const hn::Half<DF8> dh;
