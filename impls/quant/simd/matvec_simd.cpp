@@ -16,11 +16,7 @@ namespace memtrade::quant::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using DF = hn::ScalableTag<float>;
-using DI = hn::RebindToSigned<DF>;
-using DU = hn::RebindToUnsigned<DF>;
-using VF = hn::Vec<DF>;
-using VI = hn::Vec<DI>;
+using namespace codes;  // DF, DI, DU, VF, VI: the vector types of the code decoders (codes-inl.h)
 
 // nf4's 16 code values, for the lookups below.
 struct Nf4Table {
