@@ -99,12 +99,18 @@ const std::map<std::string, std::string> kHelp = {
      "usage: memtrade ab --baseline-bin OLD --candidate-bin NEW --suite S [options]\n"
      "  Each round runs OLD and NEW at once in lockstep (`run --no-probe`, one process each): they take turns\n"
      "  timing each case, one repetition each while the other waits, so both share the machine's speed of\n"
-     "  the moment. Time is judged on the rounds' ratios (one-sided signed-rank test, p < alpha, and\n"
-     "  the minimum effect); memory and error as `compare` does. Cases whose time test was inconclusive\n"
-     "  because runs were pre-empted or too spread (`unstable`) are run again, alone.\n"
-     "  --runs K               rounds (default 7: the fewest with which the paired test reaches p < 0.01)\n"
+     "  the moment. Time is judged on the rounds' ratios (one-sided signed-rank test and the minimum\n"
+     "  effect) in two stages: K screening rounds pick the suspects, fresh rounds confirm them; memory and\n"
+     "  error as `compare` does. Cases whose time test was inconclusive because runs were pre-empted or\n"
+     "  too spread (`unstable`) are run again, alone.\n"
+     "  --runs K               screening rounds (default 7)\n"
      "  --no-lockstep          whole runs one after the other (ABBA), judged unpaired (Mann-Whitney U)\n"
      "  --retries N            extra rounds for unstable cases (default 2)\n"
+     "  --screen-alpha P       level at which the K rounds pick suspects (default 0.05); each suspect gets\n"
+     "  --confirm-runs M       M fresh rounds, alone (default 14), and its slowdown is a regression only when\n"
+     "                         those rounds, judged on their own, are significant at --alpha with the minimum\n"
+     "                         effect (disjoint rounds: a false alarm per case at most 0.05 x 0.01);\n"
+     "                         --confirm-runs 0 gates on the K rounds alone, at --alpha\n"
      "  --out-dir D            where the runs' results files go (default build/ab; earlier run-*.json removed)\n"
      "  --baseline-env N=V     environment for OLD's runs only (repeatable); --candidate-env likewise\n"
      "  --suite, --profile, --backend (default cpu), --filter, --set, --repetitions, --suites-dir: as for run\n"
@@ -406,12 +412,21 @@ int cmd_ab(const Args& a) {
   o.lockstep = !a.has("--no-lockstep");
   o.runs = whole_number(a, "--runs", 7, 1);
   o.retries = whole_number(a, "--retries", 2, 0);
+  o.confirm_runs = whole_number(a, "--confirm-runs", 14, 0);
+  if (a.has("--screen-alpha")) {
+    o.screen_alpha = parse_number(a.get("--screen-alpha"), "--screen-alpha");
+    if (!(o.screen_alpha > 0 && o.screen_alpha <= 1)) throw Usage("--screen-alpha must be in (0, 1]");
+  }
   o.out_dir = a.get("--out-dir", "build/ab");
   o.compare = compare_options(a);
   const auto r = run_ab(o);
+  const std::string confirm =
+      r.confirm_rounds ? " (" + std::to_string(r.confirm_rounds) + " of them confirming " +
+                             std::to_string(r.suspects.size()) + " suspect case(s))"
+                       : "";
   return write_compare(a, r.compare,
                        "ab " + o.baseline_bin.string() + " (baseline) vs " + o.candidate_bin.string() + " (candidate), " +
-                           std::to_string(r.rounds) + " rounds; runs in " + o.out_dir.string());
+                           std::to_string(r.rounds) + " rounds" + confirm + "; runs in " + o.out_dir.string());
 }
 
 int cmd_gate_selftest(const Args& a) {
@@ -583,7 +598,7 @@ int main(int argc, char** argv) {
     if (cmd == "ab") {
       auto valued = kCompareValued;
       for (const char* k : {"--baseline-bin", "--candidate-bin", "--baseline-env", "--candidate-env", "--runs",
-                            "--retries", "--out-dir", "--suite", "--profile", "--backend", "--filter", "--set",
+                            "--retries", "--confirm-runs", "--screen-alpha", "--out-dir", "--suite", "--profile", "--backend", "--filter", "--set",
                             "--repetitions", "--suites-dir", "--capacity"})
         valued.push_back(k);
       return cmd_ab(Args(argc, argv, 2, valued, {"--allow-missing", "--no-lockstep"}));

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -36,11 +37,60 @@ std::string exact_names_pattern(const std::vector<std::string>& names) {
   return p + ")$";
 }
 
+CompareResult confirm_time_regressions(CompareResult screen, const CompareResult& confirm, int confirm_rounds,
+                                       double screen_alpha, double confirm_alpha) {
+  auto g = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  const std::string rounds = std::to_string(confirm_rounds) + " fresh round(s)";
+  int confirmed = 0;
+  std::vector<std::pair<std::string, std::string>> kept;
+  for (const auto& [id, name] : screen.time_regressions) {
+    auto row = std::find_if(screen.rows.begin(), screen.rows.end(),
+                            [&](const CompareRow& r) { return r.name == id && r.metric == "time"; });
+    if (row == screen.rows.end()) continue;
+    auto again = std::find_if(confirm.rows.begin(), confirm.rows.end(),
+                              [&](const CompareRow& r) { return r.name == id && r.metric == "time"; });
+    const std::string screened = "screening rounds (p < " + g(screen_alpha) + "): " + row->detail;
+    if (again == confirm.rows.end()) {  // the fresh rounds have no time for it: the screen's verdict stands
+      row->detail = "not timed in the confirmation rounds; " + screened;
+      kept.emplace_back(id, name);
+      continue;
+    }
+    row->baseline = again->baseline;
+    row->current = again->current;
+    row->change = again->change;
+    if (again->regression) {
+      ++confirmed;
+      kept.emplace_back(id, name);
+      row->detail = "confirmed by " + rounds + " (p < " + g(confirm_alpha) + "): " + again->detail + "; " + screened;
+    } else {
+      row->regression = false;
+      row->verdict = again->verdict == "unstable" ? "unstable" : "slower";
+      if (row->verdict == "unstable") screen.unstable.push_back(name);
+      row->detail = "not confirmed by " + rounds + " (" + again->detail + "); " + screened;
+    }
+  }
+  const auto flagged = screen.time_regressions.size();
+  screen.time_regressions = kept;
+  screen.regressions = static_cast<int>(std::count_if(screen.rows.begin(), screen.rows.end(),
+                                                      [](const CompareRow& r) { return r.regression; }));
+  if (flagged)
+    screen.notes.push_back("time: " + std::to_string(flagged) + " case(s) slower in the screening rounds (p < " +
+                           g(screen_alpha) + "), " + std::to_string(confirmed) + " confirmed by " + rounds +
+                           " judged alone (p < " + g(confirm_alpha) + ")");
+  return screen;
+}
+
 AbResult run_ab(const AbOptions& o) {
   for (const auto* bin : {&o.baseline_bin, &o.candidate_bin})
     if (!std::filesystem::is_regular_file(*bin) || access(bin->c_str(), X_OK) != 0)
       throw Error("ab: '" + bin->string() + "' is not an executable file");
   if (o.runs < 1) throw Error("ab: --runs must be at least 1");
+  if (o.confirm_runs < 0) throw Error("ab: --confirm-runs must be at least 0");
+  if (!(o.screen_alpha > 0 && o.screen_alpha <= 1)) throw Error("ab: --screen-alpha must be in (0, 1]");
   check_env(o.baseline_env);
   check_env(o.candidate_env);
   const auto dir_a = o.out_dir / "baseline", dir_b = o.out_dir / "candidate";
@@ -126,8 +176,8 @@ AbResult run_ab(const AbOptions& o) {
                   pairs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::fflush(stdout);
   };
-  auto rounds = [&](const std::string& filter) {
-    for (int i = 0; i < o.runs; ++i) {
+  auto rounds = [&](const std::string& filter, int count) {
+    for (int i = 0; i < count; ++i) {
       ++res.rounds;
       if (o.lockstep) {
         lockstep_round(filter, res.rounds);
@@ -139,22 +189,36 @@ AbResult run_ab(const AbOptions& o) {
       run_one(!candidate_first, filter, res.rounds);
     }
   };
-  auto compare = [&] {
+  // The runs from index `from` on, compared at level alpha.
+  auto compare = [&](std::size_t from, double alpha) {
     std::vector<LoadedResults> a, b;
-    for (const auto& f : res.baseline_files) a.push_back(load_results(f));
-    for (const auto& f : res.candidate_files) b.push_back(load_results(f));
+    for (std::size_t i = from; i < res.baseline_files.size(); ++i) a.push_back(load_results(res.baseline_files[i]));
+    for (std::size_t i = from; i < res.candidate_files.size(); ++i) b.push_back(load_results(res.candidate_files[i]));
     CompareOptions co = o.compare;
     co.paired = o.lockstep;
-    res.compare = compare_runs(a, b, co);
+    co.time_alpha = alpha;
+    return compare_runs(a, b, co);
   };
-  rounds(o.filter);
-  compare();
+  const bool two_stage = o.confirm_runs > 0;
+  const double screen_alpha = two_stage ? o.screen_alpha : o.compare.time_alpha;
+  rounds(o.filter, o.runs);
+  res.compare = compare(0, screen_alpha);
   for (int retry = 0; retry < o.retries && !res.compare.unstable.empty(); ++retry) {
     if (o.verbose)
       std::printf("ab: %zu case(s) unstable; %d more rounds for them\n", res.compare.unstable.size(), o.runs);
-    rounds(exact_names_pattern(res.compare.unstable));
-    compare();
+    rounds(exact_names_pattern(res.compare.unstable), o.runs);
+    res.compare = compare(0, screen_alpha);
   }
+  if (!two_stage || res.compare.time_regressions.empty()) return res;
+  for (const auto& [id, name] : res.compare.time_regressions) res.suspects.push_back(name);
+  if (o.verbose)
+    std::printf("ab: %zu case(s) slower in the screening rounds (p < %g); %d fresh rounds for them alone\n",
+                res.suspects.size(), screen_alpha, o.confirm_runs);
+  const std::size_t from = res.baseline_files.size();
+  rounds(exact_names_pattern(res.suspects), o.confirm_runs);
+  res.confirm_rounds = o.confirm_runs;
+  res.compare = confirm_time_regressions(std::move(res.compare), compare(from, o.compare.time_alpha), o.confirm_runs,
+                                         screen_alpha, o.compare.time_alpha);
   return res;
 }
 

@@ -440,6 +440,7 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
       if (slower_sig && o.time_gate) {
         row.verdict = "regression";
         row.regression = true;
+        R.time_regressions.emplace_back(id, b.name);
       } else if (slower_sig) {
         row.verdict = "slower";
         row.detail += " (time is report-only)";

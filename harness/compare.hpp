@@ -92,6 +92,8 @@ struct CompareResult {
   int checks = 0;
   int baseline_runs = 1, current_runs = 1;
   std::vector<std::string> unstable;  // record names (suite/case/impl, for run --filter) whose time verdict needs more stable runs
+  // Time regressions as (row name, record name for run --filter).
+  std::vector<std::pair<std::string, std::string>> time_regressions;
 };
 
 // Several runs per side: memory, error and counters from the first run of each (memory must be equal

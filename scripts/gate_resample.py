@@ -15,6 +15,13 @@ time; `--interleaved` instead splits the runs in file order as `memtrade ab` wou
 1 -> A, 2 -> B, 3 -> B, 4 -> A, ...), one compare per factor, so that a slow drift of the machine falls on
 both sides. Prints the rates; exit 1 when a target
 is missed (0 false alarms, >= 95% at 1.25x, >= 80% at 1.10x, 100% of planted memory and verdict changes).
+
+`--paired-rounds DIR` takes instead the lockstep rounds of an `ab` of identical code (DIR/baseline/run-NN.json
+and DIR/candidate/run-NN.json, round NN of each side a pair; --runs + --confirm-runs or more rounds) and
+judges them as `ab`'s two-stage gate does: each trial draws `--runs` screening rounds and, from the rest,
+`--confirm-runs` confirmation rounds; a case is a time regression when the screening rounds flag it at
+--screen-alpha and the confirmation rounds, judged alone, at --alpha. It also reports the one-stage gate
+(the screening rounds alone at --alpha), per case and per compare (family-wise).
 """
 from __future__ import annotations
 
@@ -58,8 +65,8 @@ def plant(key, fn):
 COMPARE_ARGS: list[str] = []
 
 
-def compare(memtrade, base: Path, cur: Path, out: Path):
-    cp = subprocess.run([memtrade, "compare", str(base), str(cur), "--json", str(out), *COMPARE_ARGS],
+def compare(memtrade, base: Path, cur: Path, out: Path, extra=()):
+    cp = subprocess.run([memtrade, "compare", str(base), str(cur), "--json", str(out), *COMPARE_ARGS, *extra],
                         capture_output=True, text=True)
     if cp.returncode not in (0, 1):
         sys.exit(f"memtrade compare failed ({cp.returncode}): {cp.stderr}")
@@ -70,9 +77,83 @@ def rows(doc, metric):
     return [r for r in doc["rows"] if r["metric"] == metric]
 
 
+def flagged(doc):
+    return {r["name"] for r in rows(doc, "time") if r["regression"]}
+
+
+def paired_main(a, factors) -> int:
+    d = Path(a.paired_rounds)
+    base_all = sorted((d / "baseline").glob("run-*.json"))
+    cand_all = sorted((d / "candidate").glob("run-*.json"))
+    if [p.name for p in base_all] != [p.name for p in cand_all]:
+        sys.exit(f"{d}: baseline/ and candidate/ must hold the same run-NN.json rounds")
+    need = a.screen_runs + a.confirm_runs
+    if len(base_all) < need:
+        sys.exit(f"{d}: {len(base_all)} rounds, need --runs + --confirm-runs = {need}")
+    rng = random.Random(a.seed)
+    work = Path(a.workdir)
+    alpha = next((c.split("=", 1)[1] for c in COMPARE_ARGS if c.startswith("--alpha=")), "0.01")
+    COMPARE_ARGS[:] = [c for c in COMPARE_ARGS if not c.startswith("--alpha=")] + ["--paired"]
+
+    def judge(idx, factor, level):
+        write_half([base_all[i] for i in idx], work / "base")
+        write_half([cand_all[i] for i in idx], work / "cand", scale_times(factor) if factor != 1 else None)
+        doc = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json", ["--alpha", str(level)])
+        return doc
+
+    stats = {f: {"checks": 0, "one": 0, "two": 0, "screened": 0, "one_any": 0, "two_any": 0} for f in [1.0] + factors}
+    alarms = {}
+    for t in range(a.trials):
+        order = list(range(len(base_all)))
+        rng.shuffle(order)
+        screen, confirm = order[: a.screen_runs], order[a.screen_runs: need]
+        for f in stats:
+            s = judge(screen, f, a.screen_alpha)
+            checks = [r for r in rows(s, "time") if r["verdict"] != "not_compared"]
+            one = flagged(judge(screen, f, alpha))
+            suspects = flagged(s)
+            two = suspects & flagged(judge(confirm, f, alpha)) if suspects else set()
+            st = stats[f]
+            st["checks"] += len(checks)
+            st["one"] += len(one)
+            st["two"] += len(two)
+            st["screened"] += len(suspects)
+            st["one_any"] += bool(one)
+            st["two_any"] += bool(two)
+            if f == 1.0:
+                for n in two:
+                    alarms[n] = alarms.get(n, 0) + 1
+        z = stats[1.0]
+        print(f"trial {t + 1}/{a.trials}: identical code, {z['one']} / {z['two']} false alarm(s) so far "
+              f"(one stage / two stages)", flush=True)
+    ok = True
+    print(f"\n{len(base_all)} paired rounds; {a.trials} trials of {a.screen_runs} screening (p < {a.screen_alpha}) + "
+          f"{a.confirm_runs} confirmation rounds (p < {alpha}); trials overlap, so they are not independent")
+    for f, st in stats.items():
+        n = st["checks"]
+        if f == 1.0:
+            print(f"identical code: one stage {st['one']} false alarm(s) in {n} time checks "
+                  f"({st['one_any']}/{a.trials} compares with any); two stages {st['two']} "
+                  f"({st['two_any']}/{a.trials} compares with any; {st['screened']} suspects screened)")
+            ok &= st["two"] == 0
+        else:
+            target = 0.95 if f >= 1.25 else 0.80 if f >= 1.10 else 0.0
+            print(f"every case {f:.2f}x slower: one stage {100 * st['one'] / n:.1f}%, two stages "
+                  f"{100 * st['two'] / n:.1f}% of {n} time checks (target {100 * target:.0f}%)")
+            ok &= st["two"] / n >= target
+    for name, k in sorted(alarms.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {k}x {name}")
+    print("gate-resample:", "pass" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="results files of identical code (10 or more)")
+    ap.add_argument("runs", nargs="*", help="results files of identical code (10 or more)")
+    ap.add_argument("--paired-rounds", metavar="DIR", help="an ab output folder of identical code (two-stage gate)")
+    ap.add_argument("--runs", dest="screen_runs", type=int, default=7, help="screening rounds (with --paired-rounds)")
+    ap.add_argument("--confirm-runs", type=int, default=14, help="confirmation rounds (with --paired-rounds)")
+    ap.add_argument("--screen-alpha", type=float, default=0.05, help="screening level (with --paired-rounds)")
     ap.add_argument("--memtrade", default="build/release/memtrade")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--factors", default="1.10,1.25")
@@ -83,6 +164,8 @@ def main() -> int:
                     help="an option passed to memtrade compare (repeatable), e.g. --compare-arg=--min-cpu-share=0")
     a = ap.parse_args()
     COMPARE_ARGS.extend(a.compare_arg)
+    if a.paired_rounds:
+        return paired_main(a, [float(f) for f in a.factors.split(",")])
     if len(a.runs) < 10:
         sys.exit("need at least 10 runs (two disjoint halves of 5)")
     factors = [float(f) for f in a.factors.split(",")]

@@ -338,6 +338,11 @@ def check_ab() -> str:
                f"regression (or unstable on a loaded machine), got {time_rows}", cp)
         expect(("paired rounds" in time_rows[0]["detail"]) == (mode == "lockstep"),
                f"ab ({mode}): the time row is not judged {'paired' if mode == 'lockstep' else 'unpaired'}", cp)
+        if time_rows[0]["verdict"] == "regression":
+            # Two stages: the screening rounds flagged it, 14 fresh rounds of it alone confirmed it.
+            expect("confirmed by 14 fresh round(s)" in time_rows[0]["detail"] and len(runs_a) >= runs + 14,
+                   f"ab ({mode}): a time regression without its 14 confirmation rounds ({len(runs_a)} rounds): "
+                   f"{time_rows[0]['detail']}", cp)
         expect(cp.returncode == (1 if time_rows[0]["verdict"] == "regression" else 0),
                f"ab exit code {cp.returncode} does not match its verdict", cp)
         other = [r for r in c["rows"] if r["regression"] and r["metric"] != "time"]
