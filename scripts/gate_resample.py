@@ -102,7 +102,7 @@ def paired_main(a, factors) -> int:
         return doc
 
     stats = {f: {"checks": 0, "one": 0, "two": 0, "screened": 0, "one_any": 0, "two_any": 0} for f in [1.0] + factors}
-    alarms = {}
+    alarms, one_alarms = {}, {}
     for t in range(a.trials):
         order = list(range(len(base_all)))
         rng.shuffle(order)
@@ -123,6 +123,8 @@ def paired_main(a, factors) -> int:
             if f == 1.0:
                 for n in two:
                     alarms[n] = alarms.get(n, 0) + 1
+                for n in one:
+                    one_alarms[n] = one_alarms.get(n, 0) + 1
         z = stats[1.0]
         print(f"trial {t + 1}/{a.trials}: identical code, {z['one']} / {z['two']} false alarm(s) so far "
               f"(one stage / two stages)", flush=True)
@@ -141,8 +143,9 @@ def paired_main(a, factors) -> int:
             print(f"every case {f:.2f}x slower: one stage {100 * st['one'] / n:.1f}%, two stages "
                   f"{100 * st['two'] / n:.1f}% of {n} time checks (target {100 * target:.0f}%)")
             ok &= st["two"] / n >= target
-    for name, k in sorted(alarms.items(), key=lambda kv: -kv[1])[:10]:
-        print(f"  {k}x {name}")
+    for label, found in (("one stage", one_alarms), ("two stages", alarms)):
+        for name, k in sorted(found.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"  {label}: {k}x {name}")
     print("gate-resample:", "pass" if ok else "FAIL")
     return 0 if ok else 1
 
