@@ -123,7 +123,7 @@ const std::map<std::string, std::string> kHelp = {
      "  the calibrate suite's selftest profile (a copy and a multiply-add chain), with the candidate doing\n"
      "  1.00x the work (every flag is a false alarm) and each factor of --slowdowns (default 1.10,1.25;\n"
      "  every flag is a detection). Prints the rates; exit 1 when a false alarm occurred or the detection\n"
-     "  rate is below 95% at 1.25x or 80% at 1.10x. Default T = 10, K = 7 lockstep rounds (a few minutes).\n"},
+     "  rate is below 95% at 1.25x or 80% at 1.10x. Default T = 10, K = 7 lockstep rounds (15-20 minutes).\n"},
     {"report",
      "usage: memtrade report RESULTS... [--baseline B] -o report.html\n"
      "  One self-contained HTML file: plots per technique, claims, regressions against B (compared with\n"

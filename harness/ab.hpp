@@ -11,9 +11,10 @@
 // low without losing power. The `runs` rounds screen every case at the lenient `screen_alpha`; the cases
 // they flag as slower are run again, alone, for `confirm_runs` fresh rounds, and a time regression
 // stands only when those fresh rounds, judged on their own, flag it too at `compare.time_alpha` (with
-// the same minimum effect). The two stages use disjoint rounds, so for a case that did not change the
-// chance of a false alarm is at most screen_alpha x time_alpha (0.05 x 0.01 = 5e-4), and over m cases at
-// most m times that; a slowdown is caught when both stages see it, and the longer confirmation has
+// the same minimum effect). The two stages use disjoint rounds, so while rounds are independent the
+// chance of a false alarm for a case that did not change is at most screen_alpha x time_alpha (0.05 x
+// 0.01 = 5e-4), and over m cases at most m times that (a slowdown of one side's processes lasting the
+// whole session is not independent between rounds and is not covered); a slowdown is caught when both stages see it, and the longer confirmation has
 // more power than the screen. `confirm_runs` = 0 gates on the screening rounds alone, at time_alpha.
 #pragma once
 
