@@ -95,11 +95,12 @@ def paired_main(a, factors) -> int:
     alpha = next((c.split("=", 1)[1] for c in COMPARE_ARGS if c.startswith("--alpha=")), "0.01")
     COMPARE_ARGS[:] = [c for c in COMPARE_ARGS if not c.startswith("--alpha=")] + ["--paired"]
 
-    def judge(idx, factor, level):
+    def write(idx, factor):
         write_half([base_all[i] for i in idx], work / "base")
         write_half([cand_all[i] for i in idx], work / "cand", scale_times(factor) if factor != 1 else None)
-        doc = compare(a.memtrade, work / "base", work / "cand", work / "cmp.json", ["--alpha", str(level)])
-        return doc
+
+    def judge(level):
+        return compare(a.memtrade, work / "base", work / "cand", work / "cmp.json", ["--alpha", str(level)])
 
     stats = {f: {"checks": 0, "one": 0, "two": 0, "screened": 0, "one_any": 0, "two_any": 0} for f in [1.0] + factors}
     alarms, one_alarms = {}, {}
@@ -108,11 +109,15 @@ def paired_main(a, factors) -> int:
         rng.shuffle(order)
         screen, confirm = order[: a.screen_runs], order[a.screen_runs: need]
         for f in stats:
-            s = judge(screen, f, a.screen_alpha)
+            write(screen, f)
+            s = judge(a.screen_alpha)
             checks = [r for r in rows(s, "time") if r["verdict"] != "not_compared"]
-            one = flagged(judge(screen, f, alpha))
+            one = flagged(judge(alpha))  # the one-stage gate on the same screening rounds
             suspects = flagged(s)
-            two = suspects & flagged(judge(confirm, f, alpha)) if suspects else set()
+            two = set()
+            if suspects:
+                write(confirm, f)
+                two = suspects & flagged(judge(alpha))
             st = stats[f]
             st["checks"] += len(checks)
             st["one"] += len(one)
