@@ -64,6 +64,20 @@ const Json* declared_metric(const LoadedResults& cur, const LoadedResults& base,
 }
 bool is_count_metric(const std::string& k) { return k == "nan_count" || k == "inf_count"; }
 
+// A CPU run's settings that move its times without changing its machine class (each is recorded in the
+// results' context): "name 'baseline' -> 'current'" for each that differs, "" when none does or a side
+// does not record it.
+std::string cpu_setting_changes(const LoadedResults& base, const LoadedResults& cur) {
+  std::string out;
+  for (const char* key : {"simd_target", "blas_core", "huge_pages"}) {
+    const Json& b = base.context.value("memtrade", Json::object()).value(key, Json());
+    const Json& c = cur.context.value("memtrade", Json::object()).value(key, Json());
+    if (!b.is_string() || !c.is_string() || b == c) continue;
+    out += std::string(out.empty() ? "" : ", ") + key + " '" + b.get<std::string>() + "' -> '" + c.get<std::string>() + "'";
+  }
+  return out;
+}
+
 std::string machine_class_of(const LoadedResults& r, const std::string& backend) {
   const Json& mc = r.context.value("memtrade", Json::object()).value("machine_class", Json::object());
   return mc.is_object() && mc.contains(backend) && mc[backend].is_string() ? mc[backend].get<std::string>() : "";
@@ -410,6 +424,10 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
       add({id, "time", nullptr, nullptr, "", "not_compared", "different machine class", false});
       continue;
     }
+    if (b.backend == "cpu" && noted_backends.insert("cpu settings").second)
+      if (const std::string changed = cpu_setting_changes(base, cur_runs.front()); !changed.empty())
+        R.notes.push_back("cpu times compared across different settings (" + changed +
+                          "): a time change may come from them");
     if (bt.empty() || ct.empty()) {
       R.unstable.push_back(b.name);
       add({id, "time", nullptr, nullptr, "", "unstable", "no stable run on one side (" + why + ")", false});

@@ -2,11 +2,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 #include <unistd.h>
 
 #include "harness/device.hpp"
+#include "harness/host_pages.hpp"
 
 namespace memtrade {
 
@@ -20,16 +20,11 @@ Backend parse_backend(std::string_view s) {
 
 namespace {
 
-void* aligned_host_alloc(std::size_t bytes) {
-  constexpr std::size_t kAlign = 64;  // a cache line: every buffer is safe for aligned vector loads
-  return std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-}
-
 class CpuDevice final : public Device {
  public:
   CpuDevice() {
-    memory_ = std::make_unique<TrackedAllocator>("cpu", aligned_host_alloc, [](void* p) { std::free(p); });
-    host_ = std::make_unique<TrackedAllocator>("host", aligned_host_alloc, [](void* p) { std::free(p); });
+    memory_ = std::make_unique<TrackedAllocator>("cpu", host_pages_alloc, [](void* p) { std::free(p); });
+    host_ = std::make_unique<TrackedAllocator>("host", host_pages_alloc, [](void* p) { std::free(p); });
   }
   Backend backend() const override { return Backend::cpu; }
   std::string name() const override { return "cpu"; }
@@ -38,15 +33,18 @@ class CpuDevice final : public Device {
   // Reads (not writes) the flush buffer: the cache is left holding clean lines, so the timed call's loads
   // evict without write-backs.
   void flush_caches() override {
-    if (flush_.empty()) {
+    if (!flush_) {
       const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-      flush_.assign(2 * static_cast<std::size_t>(llc > (16L << 20) ? llc : (64L << 20)) / sizeof(uint64_t), 1);
+      flush_words_ = 2 * static_cast<int64_t>(llc > (16L << 20) ? llc : (64L << 20)) / 8;
+      flush_ = make_host_pages(static_cast<std::size_t>(flush_words_) * 8);
+      std::memset(flush_.get(), 1, static_cast<std::size_t>(flush_words_) * 8);
     }
     // On every OpenMP thread (as the timed call will be), so the team is awake when the call starts.
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(flush_.get());
     uint64_t sum = 0;
-    const int64_t n = static_cast<int64_t>(flush_.size());
+    const int64_t n = flush_words_;
 #pragma omp parallel for reduction(+ : sum)
-    for (int64_t i = 0; i < n; i += 8) sum += flush_[i];  // one load per 64-byte line
+    for (int64_t i = 0; i < n; i += 8) sum += w[i];  // one load per 64-byte line
     flush_sink_ = sum;
   }
   double time_call(const std::function<void()>& fn) override {
@@ -56,7 +54,8 @@ class CpuDevice final : public Device {
   }
 
  private:
-  std::vector<uint64_t> flush_;
+  HostPages flush_;
+  int64_t flush_words_ = 0;
   volatile uint64_t flush_sink_ = 0;
 };
 

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <vector>
 
 #include "datasets/random.hpp"
 #include "common/blas.hpp"
+#include "harness/host_pages.hpp"
 
 namespace memtrade {
 
@@ -29,18 +29,25 @@ Ceilings probe_cpu() {
   Ceilings c;
   {
     const int64_t n = 2048;
-    std::vector<float> a(n * n), b(n * n), out(n * n);
+    // The harness's own host pages (huge pages where offered), as the measured buffers have.
+    HostPages pa = make_host_pages(n * n * 4), pb = make_host_pages(n * n * 4), po = make_host_pages(n * n * 4);
+    float *a = reinterpret_cast<float*>(pa.get()), *b = reinterpret_cast<float*>(pb.get()),
+          *out = reinterpret_cast<float*>(po.get());
+    std::fill(out, out + n * n, 0.f);
     for (int64_t i = 0; i < n * n; ++i) {
       a[i] = static_cast<float>(datasets::uniform01(1, i) - 0.5);
       b[i] = static_cast<float>(datasets::uniform01(2, i) - 0.5);
     }
-    auto gemm = [&] { blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n); };
+    auto gemm = [&] { blas::sgemm(false, false, n, n, n, 1.f, a, n, b, n, 0.f, out, n); };
     gemm();  // warm-up: thread pool start, page faults
     c["cpu_fp32_gemm_flops"] = 2.0 * n * n * n / best_seconds(5, gemm);
   }
   {
     const std::size_t bytes = 256u << 20;
-    std::vector<unsigned char> src(bytes, 1), dst(bytes, 0);
+    HostPages ps = make_host_pages(bytes), pd = make_host_pages(bytes);
+    unsigned char *src = ps.get(), *dst = pd.get();
+    std::memset(src, 1, bytes);
+    std::memset(dst, 0, bytes);
     for (std::size_t i = 0; i < bytes; i += 4096) src[i] = static_cast<unsigned char>(i >> 12);
     // Every OpenMP thread copies its share: the kernels measured against this ceiling run on all of them
     // (one core alone reaches about half the machine's bandwidth on a 2-core VM).
@@ -49,7 +56,7 @@ Ceilings probe_cpu() {
       {
         const std::size_t n = static_cast<std::size_t>(omp_get_num_threads()), t = static_cast<std::size_t>(omp_get_thread_num());
         const std::size_t chunk = (bytes + n - 1) / n, lo = std::min(bytes, t * chunk), hi = std::min(bytes, lo + chunk);
-        std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+        std::memcpy(dst + lo, src + lo, hi - lo);
       }
     };
     copy();

@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "harness/host_pages.hpp"
 #include "harness/stats.hpp"
 #include "memtrade/build_info.hpp"
 
@@ -97,6 +98,7 @@ Json build_context(const RunInfo& info) {
   m["cpu_model"] = cpu_model();
   m["simd_target"] = simd::target_name();  // the runtime-dispatched kernels' instruction set ($MEMTRADE_SIMD)
   m["blas_core"] = blas::core();            // OpenBLAS's kernel set ($OPENBLAS_CORETYPE)
+  m["huge_pages"] = huge_pages_mode();      // 2 MiB pages for the harness's large host buffers
   m["cpu_cores"] = std::thread::hardware_concurrency();
   auto cs = cuda_status();
   m["gpu_name"] = cs.available ? Json(cs.gpu_name) : Json(nullptr);

@@ -1,9 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "harness/allocator.hpp"
 #include "harness/device.hpp"
+#include "harness/host_pages.hpp"
 #include "harness/tensor.hpp"
 
 using namespace memtrade;
@@ -154,4 +160,52 @@ TEST(Allocator, GuardBytesCatchAWritePastTheEnd) {
     Buffer b(pool, 16, Tag::io);  // unguarded: nothing checked
   }
   EXPECT_TRUE(pool.guard_violations().empty());
+}
+
+// The VMA holding p, as /proc/self/smaps describes it: its "THPeligible:" value (-1 when not shown).
+static int thp_eligible(const void* p) {
+  std::ifstream f("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(f, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = lo <= a && a < hi;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      return std::atoi(line.c_str() + 12);
+    }
+  }
+  return -1;
+}
+
+TEST(HostPages, LargeBuffersAreWholeAdvisedHugePagesAndTheCountsStayExact) {
+  auto dev = make_cpu_device();
+  auto& pool = dev->memory();
+  const std::size_t big = 5 * kHugePageBytes + 3, small = kHugePageBytes - 64;
+  Buffer a(pool, big, Tag::weights), b(pool, small, Tag::activations);
+  EXPECT_EQ(pool.total().live, big + small);  // the rounding to whole pages is not counted
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+  std::memset(a.data(), 1, big);  // the first touch, after the advice
+  if (huge_pages_mode() != "madvise") GTEST_SKIP() << "huge pages: " << huge_pages_mode();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kHugePageBytes, 0u);
+  const int eligible = thp_eligible(a.data());
+  if (eligible < 0) GTEST_SKIP() << "this kernel's smaps has no THPeligible field";
+  EXPECT_EQ(eligible, 1) << "the buffer's mapping is not advised for huge pages";
+}
+
+TEST(HostPages, TheModeFollowsTheVariableAndTheKernel) {
+  EXPECT_EQ(huge_pages_mode_for(nullptr, "madvise"), "madvise");
+  EXPECT_EQ(huge_pages_mode_for(nullptr, "always"), "madvise");
+  EXPECT_EQ(huge_pages_mode_for("on", "madvise"), "madvise");
+  EXPECT_EQ(huge_pages_mode_for(nullptr, "never"), "unavailable");
+  EXPECT_EQ(huge_pages_mode_for(nullptr, ""), "unavailable");
+  EXPECT_EQ(huge_pages_mode_for("off", "always"), "off");
+  EXPECT_EQ(huge_pages_mode_for("0", "madvise"), "off");
+  try {
+    huge_pages_mode_for("sometimes", "madvise");
+    ADD_FAILURE() << "no error for MEMTRADE_HUGE_PAGES=sometimes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MEMTRADE_HUGE_PAGES=sometimes"), std::string::npos) << e.what();
+  }
 }

@@ -138,6 +138,24 @@ TEST(Compare, TimeIsNotComparedAcrossMachineClasses) {
   EXPECT_NE(r.notes[0].find("machine class"), std::string::npos);
 }
 
+TEST(Compare, TimesFromDifferentCpuSettingsCarryANote) {
+  auto base = runs(5, 1.0), cur = runs(5, 1.0, 2);
+  for (auto& r : base) r.context["memtrade"]["huge_pages"] = "off";
+  for (auto& r : cur) r.context["memtrade"]["huge_pages"] = "madvise";
+  for (auto& r : base) r.context["memtrade"]["simd_target"] = "AVX3";
+  for (auto& r : cur) r.context["memtrade"]["simd_target"] = "AVX3";
+  const auto r = compare_runs(base, cur, {});
+  EXPECT_EQ(r.regressions, 0);
+  const auto note = std::find_if(r.notes.begin(), r.notes.end(),
+                                 [](const std::string& n) { return n.find("different settings") != std::string::npos; });
+  ASSERT_NE(note, r.notes.end());
+  EXPECT_NE(note->find("huge_pages 'off' -> 'madvise'"), std::string::npos) << *note;
+  EXPECT_EQ(note->find("simd_target"), std::string::npos) << *note;  // the same on both sides
+  // Same settings (or none recorded): no note.
+  const auto same = compare_runs(runs(5, 1.0), runs(5, 1.0, 2), {});
+  for (const auto& n : same.notes) EXPECT_EQ(n.find("different settings"), std::string::npos) << n;
+}
+
 TEST(Compare, SpreadOrPreemptedRunsAreUnstableNotRegressions) {
   CompareOptions med;
   med.time_stat = CompareOptions::RunStat::median;

@@ -1,0 +1,68 @@
+#include "harness/host_pages.hpp"
+
+#include <cstdlib>
+#include <fstream>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "common/common.hpp"
+
+namespace memtrade {
+
+namespace {
+
+// The bracketed word of /sys/kernel/mm/transparent_hugepage/enabled ("always [madvise] never").
+std::string thp_setting() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!f || !std::getline(f, line)) return "";
+  const auto a = line.find('['), b = line.find(']');
+  return a == std::string::npos || b == std::string::npos || b < a ? "" : line.substr(a + 1, b - a - 1);
+}
+
+}  // namespace
+
+std::string huge_pages_mode_for(const char* env_value, const std::string& thp) {
+  if (env_value != nullptr) {
+    const std::string s(env_value);
+    if (s == "off" || s == "0" || s == "no") return "off";
+    if (!(s.empty() || s == "on" || s == "1" || s == "yes"))
+      throw Error("MEMTRADE_HUGE_PAGES=" + s + ": expected on or off");
+  }
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (thp == "madvise" || thp == "always") return "madvise";
+#else
+  (void)thp;
+#endif
+  return "unavailable";
+}
+
+std::string huge_pages_mode() {
+  static const std::string mode = huge_pages_mode_for(std::getenv("MEMTRADE_HUGE_PAGES"), thp_setting());
+  return mode;
+}
+
+void* host_pages_alloc(std::size_t bytes) {
+  constexpr std::size_t kLine = 64;
+  if (bytes < kHugePageBytes || huge_pages_mode() != "madvise")
+    return std::aligned_alloc(kLine, (bytes + kLine - 1) / kLine * kLine);
+  const std::size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  void* p = std::aligned_alloc(kHugePageBytes, rounded);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  // Advice only: where the kernel cannot give huge pages the buffer keeps 4 KiB ones.
+  if (p != nullptr) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void HostPagesFree::operator()(void* p) const { std::free(p); }
+
+HostPages make_host_pages(std::size_t bytes) {
+  void* p = host_pages_alloc(bytes);
+  if (p == nullptr) throw Error("out of host memory: " + std::to_string(bytes) + " bytes for a harness buffer");
+  return HostPages(static_cast<unsigned char*>(p));
+}
+
+}  // namespace memtrade
