@@ -10,6 +10,7 @@
 #include <omp.h>
 #include <random>
 #include <set>
+#include <span>
 
 #include "datasets/random.hpp"
 #include "impls/kvcache/decode_attention.hpp"
@@ -24,15 +25,21 @@ using namespace memtrade::kvcache;
 
 namespace {
 
-constexpr KvType kTypes[] = {KvType::f32,      KvType::bf16,            KvType::f16, KvType::int8,
-                             KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4};
+constexpr KvType kTypes[] = {KvType::f32,      KvType::bf16,            KvType::f16,  KvType::int8,
+                             KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4, KvType::int4_smooth};
 
-// fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s.
+// fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s; int4-smooth factors in
+// [1/8, 8) for every (layer, kv head, channel).
 void random_static_scales(KvShape& s, uint64_t seed) {
-  if (s.type != KvType::fp8_e4m3_static) return;
   std::mt19937_64 rng(seed);
-  s.static_scales.resize(static_cast<std::size_t>(s.layers * 2 * s.kv_heads));
-  for (float& x : s.static_scales) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -1 + static_cast<int>(rng() % 2));
+  if (s.type == KvType::fp8_e4m3_static) {
+    s.static_scales.resize(static_cast<std::size_t>(s.layers * 2 * s.kv_heads));
+    for (float& x : s.static_scales) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -1 + static_cast<int>(rng() % 2));
+  }
+  if (s.type == KvType::int4_smooth) {
+    s.key_smoothing.resize(static_cast<std::size_t>(s.layers * s.kv_heads * s.head_dim));
+    for (float& x : s.key_smoothing) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -3 + static_cast<int>(rng() % 6));
+  }
 }
 
 std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
@@ -48,9 +55,54 @@ void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
     uint8_t* e = c.entry(r, l, pos);
     for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
       const auto x = normals(s.head_dim, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
-      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes(), s.scale(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
+      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
     }
   }
+}
+
+// ||a - ref|| / ||ref|| in double.
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double e = 0, n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    e += std::pow(static_cast<double>(a[i]) - ref[i], 2);
+    n += std::pow(static_cast<double>(ref[i]), 2);
+  }
+  return std::sqrt(e / n);
+}
+
+// fn() must throw an Error whose message contains `what`.
+template <class F>
+void expect_error_naming(F&& fn, const std::string& what) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one naming \"" << what << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+// The windows decoded (all rows at once) through an fp32 cache by a decoder with weights w; then
+// fn(layer, record r of the entry: K of head r or V of head r - kv_heads, its head_dim values) for every
+// record of every token.
+template <class F>
+void each_fp32_record(const model::Config& cfg, std::span<const float> w, const datasets::Batch& windows, F&& fn) {
+  auto dev = make_cpu_device();
+  ContiguousCache cache(*dev, KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32});
+  Decoder d(*dev, cfg, w, cache);
+  const int64_t B = windows.batch, T = windows.context;
+  std::vector<int64_t> reqs;
+  for (int64_t i = 0; i < B; ++i) reqs.push_back(cache.add(T));
+  std::vector<float> z(static_cast<std::size_t>(B * cfg.vocab));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> tok;
+    for (int64_t i = 0; i < B; ++i) tok.push_back(windows.inputs[i * T + t]);
+    d.step(reqs, tok, z.data());
+  }
+  for (int64_t r : reqs)
+    for (int64_t l = 0; l < cfg.layers; ++l)
+      for (int64_t pos = 0; pos < T; ++pos)
+        for (int64_t h = 0; h < 2 * cfg.kv_heads; ++h)
+          fn(l, h, reinterpret_cast<const float*>(cache.entry(r, l, pos) + h * cache.shape().head_bytes()));
 }
 
 }  // namespace
@@ -77,7 +129,7 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
                            : t == KvType::bf16 ? std::ldexp(std::abs(x[i]), -8)
                            : t == KvType::f16  ? std::ldexp(std::abs(x[i]), -11)
                            : t == KvType::int8 ? amax / 127.0 / 2 * (1 + 1e-6)
-                           : t == KvType::int4 ? amax / 7.0 / 2 * (1 + 1e-6)
+                           : t == KvType::int4 || t == KvType::int4_smooth ? amax / 7.0 / 2 * (1 + 1e-6)
                                                : std::ldexp(std::abs(x[i]), -4) + std::ldexp(amax / 448.0, -9);
       EXPECT_LE(err, bound) << kv_type_name(t) << " element " << i;
     }
@@ -102,7 +154,7 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
         return z[4];
       }());
     }
-    if (t == KvType::int8 || t == KvType::fp8_e4m3 || t == KvType::int4) {
+    if (t == KvType::int8 || t == KvType::fp8_e4m3 || t == KvType::int4 || t == KvType::int4_smooth) {
       auto bad = x;
       bad[5] = NAN;
       encode_head(t, bad.data(), hd, rec.data());
@@ -363,10 +415,13 @@ TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimd
             omp_set_num_threads(threads);
             EXPECT_EQ(std::memcmp(oc.data(), op.data(), oc.size() * 4), 0) << "split " << split;
             EXPECT_EQ(std::memcmp(op.data(), o1.data(), op.size() * 4), 0) << "split " << split << ", one thread";
-            // The workspace: one slot of heads x (head_dim + 2) floats per split of a request of several.
+            // The workspace: one slot of heads x (head_dim + 2) floats per split of a request of several;
+            // int4-smooth's smoothed queries beside them (4 requests x heads x head_dim floats).
             int64_t slots = 0;
             for (int64_t len : lens) slots += decode_splits(len, split) > 1 ? decode_splits(len, split) : 0;
-            EXPECT_EQ(dev->memory().by_tag(Tag::workspace).peak, std::max<std::size_t>(peak, slots * heads * (hd + 2) * 4));
+            const int64_t smoothed = t == KvType::int4_smooth ? 4 * heads * hd * 4 : 0;
+            EXPECT_EQ(dev->memory().by_tag(Tag::workspace).peak,
+                      std::max<std::size_t>(peak, slots * heads * (hd + 2) * 4 + smoothed));
             for (int64_t b = 0; b < 4; ++b) {
               std::vector<double> ref(heads * hd);
               decode_attention_ref(c, rc[b], 0, &q[b * heads * hd], heads, ref.data());
@@ -584,6 +639,58 @@ TEST(Decoder, WeightOffloadGivesTheSameLogitsAndMovesEachOffloadedLayerEveryStep
   EXPECT_THROW(Decoder(*dev, cfg, w, c, std::nullopt, -1), Error);
 }
 
+TEST(KvRecords, SmoothedKeysSpendTheirStepsOnTheSmallChannelsAndKeepTheirBound) {
+  // A key with one outlier channel (x50): per-token int4 sets its step by the outlier, so the other
+  // channels lose almost everything; divided by lambda = amax_c^0.5 first, every channel is within half a
+  // step of x / lambda, times lambda.
+  const int64_t hd = 64;
+  auto x = normals(hd, 8);
+  x[10] *= 50.f;
+  std::vector<float> lambda(hd);
+  for (int64_t i = 0; i < hd; ++i) lambda[i] = std::sqrt(i == 10 ? 150.f : 3.f);  // amax_c of a calibration
+  std::vector<uint8_t> rec(KvShape{1, 1, hd, KvType::int4_smooth}.head_bytes());
+  std::vector<float> plain(hd), smooth(hd);
+  encode_head(KvType::int4, x.data(), hd, rec.data());
+  decode_head(KvType::int4, rec.data(), hd, plain.data());
+  encode_head(KvType::int4_smooth, x.data(), hd, rec.data(), RecordScales(1.f, lambda.data()));
+  decode_head(KvType::int4_smooth, rec.data(), hd, smooth.data(), RecordScales(1.f, lambda.data()));
+  double amax_y = 0, e_plain = 0, e_smooth = 0;
+  for (int64_t i = 0; i < hd; ++i) amax_y = std::max(amax_y, std::abs(static_cast<double>(x[i]) / lambda[i]));
+  for (int64_t i = 0; i < hd; ++i) {
+    EXPECT_LE(std::abs(smooth[i] - static_cast<double>(x[i])), lambda[i] * amax_y / 7 / 2 * (1 + 1e-5)) << i;
+    if (i != 10) {
+      e_plain += std::pow(plain[i] - static_cast<double>(x[i]), 2);
+      e_smooth += std::pow(smooth[i] - static_cast<double>(x[i]), 2);
+    }
+  }
+  EXPECT_LT(4 * e_smooth, e_plain) << "smoothing did not help the channels beside the outlier";
+  // Without factors an int4-smooth record is a plain int4 record.
+  std::vector<uint8_t> a(rec.size()), b(rec.size());
+  encode_head(KvType::int4, x.data(), hd, a.data());
+  encode_head(KvType::int4_smooth, x.data(), hd, b.data());
+  EXPECT_EQ(a, b);
+  // A NaN key makes the record NaN, as for int4.
+  x[3] = NAN;
+  encode_head(KvType::int4_smooth, x.data(), hd, rec.data(), RecordScales(1.f, lambda.data()));
+  decode_head(KvType::int4_smooth, rec.data(), hd, smooth.data(), RecordScales(1.f, lambda.data()));
+  for (float v : smooth) EXPECT_TRUE(std::isnan(v));
+  // The factors are checked where the cache is made.
+  auto dev = make_cpu_device();
+  KvShape s{2, 3, 8, KvType::int4_smooth};
+  s.key_smoothing.assign(2 * 3 * 8 - 1, 1.f);
+  EXPECT_THROW(ContiguousCache(*dev, s), Error);
+  s.key_smoothing.assign(2 * 3 * 8, 1.f);
+  s.key_smoothing[5] = 0.f;
+  EXPECT_THROW(PagedCache(*dev, s, 4, 4), Error);
+  s.key_smoothing[5] = INFINITY;
+  EXPECT_THROW(ContiguousCache(*dev, s), Error);
+  s.key_smoothing[5] = 2.f;
+  ContiguousCache c(*dev, s);
+  EXPECT_EQ(c.shape().smoothing(0, 0)[5], 2.f);
+  EXPECT_EQ(c.shape().record_scales(1, 1, 2).smooth, nullptr);  // V records are plain int4
+  EXPECT_EQ(c.shape().record_scales(1, 0, 2).smooth, c.shape().key_smoothing.data() + (1 * 3 + 2) * 8);
+}
+
 TEST(KvRecords, StaticScalesAreCheckedWhereTheCacheIsMade) {
   auto dev = make_cpu_device();
   KvShape s{2, 3, 8, KvType::fp8_e4m3_static};
@@ -610,26 +717,11 @@ TEST(Decoder, CalibratedStaticFp8ScalesAreTheAmaxOver448AndKeepE4m3Precision) {
   // Each scale is the amax over the calibration windows' K or V of its head, / 448: recomputed here from
   // a decoder over an fp32 cache.
   {
-    auto dev = make_cpu_device();
-    ContiguousCache cache(*dev, KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32});
-    Decoder d(*dev, cfg, w, cache);
-    std::vector<int64_t> reqs;
-    for (int64_t i = 0; i < 4; ++i) reqs.push_back(cache.add(T));
-    std::vector<float> z(4 * cfg.vocab), amax(scales.size(), 0.f);
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> tok;
-      for (int64_t i = 0; i < 4; ++i) tok.push_back(calib.inputs[i * T + t]);
-      d.step(reqs, tok, z.data());
-    }
-    const KvShape& s = cache.shape();
-    for (int64_t r : reqs)
-      for (int64_t l = 0; l < cfg.layers; ++l)
-        for (int64_t pos = 0; pos < T; ++pos)
-          for (int64_t h = 0; h < 2 * cfg.kv_heads; ++h) {
-            const float* x = reinterpret_cast<const float*>(cache.entry(r, l, pos) + h * s.head_bytes());
-            for (int64_t i = 0; i < s.head_dim; ++i) amax[(l * 2 + h / cfg.kv_heads) * cfg.kv_heads + h % cfg.kv_heads] =
-                std::max(amax[(l * 2 + h / cfg.kv_heads) * cfg.kv_heads + h % cfg.kv_heads], std::abs(x[i]));
-          }
+    std::vector<float> amax(scales.size(), 0.f);
+    each_fp32_record(cfg, w, calib, [&](int64_t l, int64_t h, const float* x) {
+      float& m = amax[(l * 2 + h / cfg.kv_heads) * cfg.kv_heads + h % cfg.kv_heads];
+      for (int64_t i = 0; i < cfg.head_dim(); ++i) m = std::max(m, std::abs(x[i]));
+    });
     for (std::size_t i = 0; i < scales.size(); ++i) EXPECT_EQ(scales[i], amax[i] / 448.f) << i;
   }
   // Through a cache with these scales, the calibration windows' K and V (within the calibrated range by
@@ -689,23 +781,86 @@ TEST(Decoder, CalibratedStaticFp8ScalesAreTheAmaxOver448AndKeepE4m3Precision) {
   const auto unit = logits(s);
   s.static_scales = big_scales;
   const auto calibrated = logits(s);
-  auto rel = [&](const std::vector<float>& a) {
-    double e = 0, n = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      e += std::pow(static_cast<double>(a[i]) - ref[i], 2);
-      n += std::pow(static_cast<double>(ref[i]), 2);
-    }
-    return std::sqrt(e / n);
-  };
+  auto rel = [&](const std::vector<float>& a) { return rel_l2(a, ref); };
   EXPECT_GT(rel(calibrated), 0.0);
   EXPECT_LT(5 * rel(calibrated), rel(unit)) << "calibrated " << rel(calibrated) << ", unit " << rel(unit);
   // A non-finite K stops the calibration with the layer's name.
   auto bad = w;
   bad[model::param_layout(cfg).layer[1].wk] = NAN;
-  try {
-    calibrate_kv_scales(cfg, bad, std::nullopt, calib);
-    ADD_FAILURE() << "a NaN weight passed calibration";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("non-finite K at layer 1"), std::string::npos) << e.what();
+  expect_error_naming([&] { calibrate_kv_scales(cfg, bad, std::nullopt, calib); }, "non-finite K at layer 1");
+}
+
+TEST(Decoder, CalibratedKeySmoothingIsTheChannelAmaxToTheHalfAndTamesAnOutlierChannel) {
+  const model::Config cfg = test::tiny_model();
+  auto w = test::test_weights(cfg, 4);
+  // An outlier channel in every layer's keys: the row of W_k that makes channel 3 of kv head 0, x30.
+  const auto L = model::param_layout(cfg);
+  for (const auto& P : L.layer)
+    for (int64_t i = 0; i < cfg.dim; ++i) w[P.wk + 3 * cfg.dim + i] *= 30.f;
+  const int64_t T = 8, hd = cfg.head_dim();
+  const datasets::Batch calib = test::random_tokens(4, T, 21);
+  const std::vector<float> lambda = calibrate_key_smoothing(cfg, w, std::nullopt, calib);
+  ASSERT_EQ(static_cast<int64_t>(lambda.size()), cfg.layers * cfg.kv_heads * hd);
+  // Each factor is sqrt(amax) of its key channel over the calibration windows, recomputed from the K
+  // records of a decoder over an fp32 cache.
+  {
+    std::vector<float> amax(lambda.size(), 0.f);
+    each_fp32_record(cfg, w, calib, [&](int64_t l, int64_t h, const float* k) {
+      if (h < cfg.kv_heads)  // keys only
+        for (int64_t i = 0; i < hd; ++i) amax[(l * cfg.kv_heads + h) * hd + i] = std::max(amax[(l * cfg.kv_heads + h) * hd + i], std::abs(k[i]));
+    });
+    for (std::size_t i = 0; i < lambda.size(); ++i)
+      EXPECT_EQ(lambda[i], amax[i] > 0 ? static_cast<float>(std::sqrt(static_cast<double>(amax[i]))) : 1.f) << i;
   }
+  // Two windows through an fp32, an int4 and an int4-smooth cache: the keys layer 0 stores (the same
+  // values in every decoder: they come from the embeddings alone) as decoded from each cache, and the
+  // logits.
+  const datasets::Batch eval = test::random_tokens(2, T, 22);
+  std::vector<float> keys;  // layer 0's decoded keys, every channel but the outlier
+  auto logits = [&](KvShape s) {
+    auto dev = make_cpu_device();
+    PagedCache cache(*dev, s, 4, 16);
+    Decoder d(*dev, cfg, w, cache);
+    const std::vector<int64_t> reqs = {cache.add(T), cache.add(T)};
+    std::vector<float> z(2 * cfg.vocab), all;
+    for (int64_t t = 0; t < T; ++t) {
+      d.step(reqs, std::vector<int32_t>{eval.inputs[t], eval.inputs[T + t]}, z.data());
+      all.insert(all.end(), z.begin(), z.end());
+    }
+    keys.clear();
+    std::vector<float> k(hd);
+    for (int64_t r : reqs)
+      for (int64_t pos = 0; pos < T; ++pos)
+        for (int64_t h = 0; h < cfg.kv_heads; ++h) {
+          decode_head(s.type, cache.entry(r, 0, pos) + h * s.head_bytes(), hd, k.data(), s.record_scales(0, 0, h));
+          for (int64_t i = 0; i < hd; ++i)
+            if (h != 0 || (i != 3 && i != 3 + hd / 2)) keys.push_back(k[i]);  // 3 + hd / 2: its RoPE pair
+        }
+    return all;
+  };
+  KvShape s{cfg.layers, cfg.kv_heads, hd, KvType::f32};
+  const auto ref = logits(s);
+  const auto ref_keys = keys;
+  s.type = KvType::int4;
+  const auto plain = logits(s);
+  const auto plain_keys = keys;
+  s.type = KvType::int4_smooth;
+  s.key_smoothing = lambda;
+  const auto smooth = logits(s);
+  const auto smooth_keys = keys;
+  auto key_err = [&](const std::vector<float>& k) {
+    double e = 0;
+    for (std::size_t i = 0; i < k.size(); ++i) e += std::pow(static_cast<double>(k[i]) - ref_keys[i], 2);
+    return e;
+  };
+  EXPECT_LT(3 * key_err(smooth_keys), key_err(plain_keys))
+      << "int4-smooth " << key_err(smooth_keys) << ", int4 " << key_err(plain_keys);
+  auto rel = [&](const std::vector<float>& a) { return rel_l2(a, ref); };
+  EXPECT_GT(rel(smooth), 0.0);
+  EXPECT_LT(1.5 * rel(smooth), rel(plain)) << "int4-smooth " << rel(smooth) << ", int4 " << rel(plain);
+  // A non-finite K stops the calibration with the layer's name.
+  auto bad = w;
+  bad[L.layer[1].wk] = NAN;
+  expect_error_naming([&] { calibrate_key_smoothing(cfg, bad, std::nullopt, calib); }, "non-finite K at layer 1");
+  EXPECT_THROW(calibrate_key_smoothing(cfg, w, std::nullopt, calib, 0.0), Error);
 }

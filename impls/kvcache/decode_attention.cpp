@@ -33,7 +33,7 @@ void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const fl
     for (int64_t t = 0; t < count; ++t)
       for (int64_t r = 0; r < 2 * s.kv_heads; ++r) {
         decode_head(s.type, e + (t * 2 * s.kv_heads + r) * s.head_bytes(), hd, tmp.data(),
-                    s.scale(layer, r < s.kv_heads ? 0 : 1, r % s.kv_heads));
+                    s.record_scales(layer, r < s.kv_heads ? 0 : 1, r % s.kv_heads));
         std::copy(tmp.begin(), tmp.end(), kv.begin() + ((pos + t) * 2 * s.kv_heads + r) * hd);
       }
   });
@@ -89,6 +89,18 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
   const int64_t ranges = std::clamp<int64_t>((2 * omp_get_max_threads() + splits - 1) / splits, 1, s.kv_heads);
   float qk_scale[kMaxHeads];
   for (int64_t g = 0; g < s.kv_heads; ++g) qk_scale[g] = s.scale(layer, 0, g) / std::sqrt(static_cast<float>(hd));
+  // int4-smooth: the keys are stored divided by the smoothing factors, so the query is multiplied by them
+  // (a workspace of reqs x heads x head_dim floats) and the kernel reads the records as plain int4.
+  Buffer q_smooth;
+  if (s.smoothing(layer, 0) != nullptr) {
+    q_smooth = Buffer(c.device().memory(), static_cast<std::size_t>(B * heads * hd) * sizeof(float), Tag::workspace);
+    float* qs = q_smooth.as<float>();
+    for (int64_t bh = 0; bh < B * heads; ++bh) {
+      const float* f = s.smoothing(layer, (bh % heads) / group);
+      for (int64_t i = 0; i < hd; ++i) qs[bh * hd + i] = q[bh * hd + i] * f[i];
+    }
+    q = qs;
+  }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < splits * ranges; ++u) {
     const int64_t split = u / ranges, range = u % ranges;

@@ -15,6 +15,8 @@
 //                          them in split order. Splits and chunks depend on positions only, so paged and
 //                          contiguous caches give the same bits for any block size, and so does any thread
 //                          count (head ranges, which follow the thread count, do not change the arithmetic).
+//                          int4-smooth multiplies the queries by the key smoothing factors first, in a
+//                          workspace of reqs x heads x head_dim floats, and reads the records as int4.
 #pragma once
 
 #include <cstdint>

@@ -174,17 +174,21 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
       rope(k + b * KV, c_.kv_heads, pos[b]);
       uint8_t* e = cache_.entry(reqs[b], l, pos[b]);
       for (int64_t h = 0; h < c_.kv_heads; ++h) {
-        encode_head(s.type, k + b * KV + h * hd, hd, e + h * s.head_bytes(), s.scale(l, 0, h));
-        encode_head(s.type, v + b * KV + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes(), s.scale(l, 1, h));
+        encode_head(s.type, k + b * KV + h * hd, hd, e + h * s.head_bytes(), s.record_scales(l, 0, h));
+        encode_head(s.type, v + b * KV + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes(), s.record_scales(l, 1, h));
       }
+      auto raise = [](float& m, float x) {
+        if (!std::isnan(m) && (std::isnan(x) || std::abs(x) > m)) m = std::abs(x);
+      };
       if (kv_amax_)
         for (int kv = 0; kv < 2; ++kv)
           for (int64_t h = 0; h < c_.kv_heads; ++h) {
             float& m = (*kv_amax_)[static_cast<std::size_t>(s.scale_index(l, kv, h))];
             const float* x = (kv == 0 ? k : v) + b * KV + h * hd;
-            for (int64_t i = 0; i < hd; ++i)
-              if (!std::isnan(m) && (std::isnan(x[i]) || std::abs(x[i]) > m)) m = std::abs(x[i]);
+            for (int64_t i = 0; i < hd; ++i) raise(m, x[i]);
           }
+      if (key_amax_)
+        for (int64_t i = 0; i < KV; ++i) raise((*key_amax_)[static_cast<std::size_t>(l * KV + i)], k[b * KV + i]);
     }
     cache_.stage(reqs, l);
     decode_attention(cache_, reqs, l, q, H, o);
@@ -199,21 +203,33 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
   apply(head_, xn, B, V, D, logits, false);
 }
 
-void Decoder::record_kv_amax(std::vector<float>* amax) {
+void Decoder::record_kv_amax(std::vector<float>* amax, std::vector<float>* key_channels) {
   MT_CHECK(!amax || static_cast<int64_t>(amax->size()) == c_.layers * 2 * c_.kv_heads,
            "decoder: the amax vector needs layers x 2 x kv_heads entries");
+  MT_CHECK(!key_channels || static_cast<int64_t>(key_channels->size()) == c_.layers * c_.kv_heads * c_.head_dim(),
+           "decoder: the key channel amax vector needs layers x kv_heads x head_dim entries");
   kv_amax_ = amax;
+  key_amax_ = key_channels;
 }
 
-std::vector<float> calibrate_kv_scales(const Config& c, std::span<const float> params,
-                                       const std::optional<quant::Spec>& weights, const datasets::Batch& windows) {
+namespace {
+// The calibration pass: the windows teacher forced through an fp32 cache, recording amax per (layer, K or
+// V, kv head) and per (layer, kv head, key channel).
+void calibration_amax(const Config& c, std::span<const float> params, const std::optional<quant::Spec>& weights,
+                      const datasets::Batch& windows, std::vector<float>* heads, std::vector<float>* key_channels) {
   auto dev = make_cpu_device();
   ContiguousCache cache(*dev, KvShape{c.layers, c.kv_heads, c.head_dim(), KvType::f32});
   Decoder d(*dev, c, params, cache, weights);
-  std::vector<float> amax(static_cast<std::size_t>(c.layers * 2 * c.kv_heads), 0.f);
-  d.record_kv_amax(&amax);
+  d.record_kv_amax(heads, key_channels);
   teacher_forced_losses(d, cache, windows);
-  const KvShape& s = cache.shape();
+}
+}  // namespace
+
+std::vector<float> calibrate_kv_scales(const Config& c, std::span<const float> params,
+                                       const std::optional<quant::Spec>& weights, const datasets::Batch& windows) {
+  std::vector<float> amax(static_cast<std::size_t>(c.layers * 2 * c.kv_heads), 0.f);
+  calibration_amax(c, params, weights, windows, &amax, nullptr);
+  const KvShape s{c.layers, c.kv_heads, c.head_dim(), KvType::f32};
   for (int64_t layer = 0; layer < c.layers; ++layer)
     for (int kv = 0; kv < 2; ++kv)
       for (int64_t h = 0; h < c.kv_heads; ++h) {
@@ -222,6 +238,22 @@ std::vector<float> calibrate_kv_scales(const Config& c, std::span<const float> p
                                        std::to_string(layer));
         a = a > 0 ? a / quant::fp8_e4m3_max : 1.f;
       }
+  return amax;
+}
+
+std::vector<float> calibrate_key_smoothing(const Config& c, std::span<const float> params,
+                                           const std::optional<quant::Spec>& weights, const datasets::Batch& windows,
+                                           double alpha) {
+  MT_CHECK(alpha > 0 && alpha <= 1, "key smoothing: alpha must be in (0, 1] (got " + std::to_string(alpha) + ")");
+  const int64_t per_layer = c.kv_heads * c.head_dim();
+  std::vector<float> amax(static_cast<std::size_t>(c.layers * per_layer), 0.f);
+  calibration_amax(c, params, weights, windows, nullptr, &amax);
+  for (std::size_t i = 0; i < amax.size(); ++i) {
+    MT_CHECK(std::isfinite(amax[i]), "key smoothing calibration: a non-finite K at layer " +
+                                         std::to_string(static_cast<int64_t>(i) / per_layer));
+    const double a = amax[i];
+    amax[i] = a > 0 ? static_cast<float>(alpha == 0.5 ? std::sqrt(a) : std::pow(a, alpha)) : 1.f;
+  }
   return amax;
 }
 

@@ -50,8 +50,9 @@ class Decoder {
   void step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits);
   const model::Config& config() const { return c_; }
   // While set, step() raises amax[KvShape::scale_index(layer, kv, head)] (kv 0: K, 1: V) to the largest
-  // |value| of each K and V head vector it caches (NaN when one is NaN); nullptr stops it.
-  void record_kv_amax(std::vector<float>* amax);
+  // |value| of each K and V head vector it caches, and key_channels[(layer * kv_heads + head) * head_dim + i]
+  // to the largest |K_i| (NaN when one is NaN); nullptr stops it.
+  void record_kv_amax(std::vector<float>* amax, std::vector<float>* key_channels = nullptr);
 
  private:
   // One linear layer [out x in]: dense fp32 rows or a quantized blob, in its own buffer (or, for a tied
@@ -81,7 +82,7 @@ class Decoder {
   Linear head_;
   double weight_bytes_ = 0;
   int64_t host_layers_ = 0, to_device_ = 0;
-  std::vector<float>* kv_amax_ = nullptr;
+  std::vector<float>*kv_amax_ = nullptr, *key_amax_ = nullptr;
   Buffer staging_;
 };
 
@@ -99,5 +100,13 @@ std::vector<double> teacher_forced_losses(Decoder& d, KvCache& cache, const data
 // K or V.
 std::vector<float> calibrate_kv_scales(const model::Config& c, std::span<const float> params,
                                        const std::optional<quant::Spec>& weights, const datasets::Batch& windows);
+
+// int4-smooth's key smoothing factors (KvShape::key_smoothing), as QServe's SmoothAttention: the same
+// calibration pass; each (layer, kv head, channel) factor is amax^alpha of that channel of K (QServe's
+// alpha: 0.5), 1 for a channel that stayed zero. Error naming the layer on a non-finite K.
+constexpr double kKeySmoothingAlpha = 0.5;
+std::vector<float> calibrate_key_smoothing(const model::Config& c, std::span<const float> params,
+                                           const std::optional<quant::Spec>& weights, const datasets::Batch& windows,
+                                           double alpha = kKeySmoothingAlpha);
 
 }  // namespace memtrade::kvcache

@@ -18,15 +18,17 @@ const char* kv_type_name(KvType t) {
     case KvType::fp8_e4m3: return "fp8-e4m3";
     case KvType::fp8_e4m3_static: return "fp8-e4m3-static";
     case KvType::int4: return "int4";
+    case KvType::int4_smooth: return "int4-smooth";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
   for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static,
-                   KvType::int4})
+                   KvType::int4, KvType::int4_smooth})
     if (s == kv_type_name(t)) return t;
-  throw Error("unknown KV cache dtype \"" + s + "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4)");
+  throw Error("unknown KV cache dtype \"" + s +
+              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth)");
 }
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
@@ -36,8 +38,16 @@ float KvShape::scale(int64_t layer, int kv, int64_t head) const {
 
 void KvShape::validate() const {
   MT_CHECK(layers > 0 && kv_heads > 0 && head_dim > 0, "kv cache: layers, kv_heads and head_dim must be positive");
-  MT_CHECK(type != KvType::int4 || head_dim % 2 == 0,
+  MT_CHECK((type != KvType::int4 && type != KvType::int4_smooth) || head_dim % 2 == 0,
            "kv cache: int4 packs two values per byte, so head_dim must be even (got " + std::to_string(head_dim) + ")");
+  if (!key_smoothing.empty()) {
+    MT_CHECK(static_cast<int64_t>(key_smoothing.size()) == layers * kv_heads * head_dim,
+             "kv cache: " + std::to_string(key_smoothing.size()) + " key smoothing factors for " + std::to_string(layers) +
+                 " layers x " + std::to_string(kv_heads) + " kv heads x " + std::to_string(head_dim) + " channels");
+    for (float f : key_smoothing)
+      MT_CHECK(std::isfinite(f) && f > 0,
+               "kv cache: a key smoothing factor is " + std::to_string(f) + " (must be positive and finite)");
+  }
   if (static_scales.empty()) return;
   MT_CHECK(static_cast<int64_t>(static_scales.size()) == layers * 2 * kv_heads,
            "kv cache: " + std::to_string(static_scales.size()) + " static scales for " + std::to_string(layers) +
@@ -51,15 +61,15 @@ int64_t KvShape::elem_bits() const {
     case KvType::f32: return 32;
     case KvType::bf16: case KvType::f16: return 16;
     case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: return 8;
-    case KvType::int4: return 4;
+    case KvType::int4: case KvType::int4_smooth: return 4;
   }
   return 32;
 }
 
-void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, float static_scale) {
+void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales sc) {
   switch (t) {
     case KvType::fp8_e4m3_static:
-      for (int64_t i = 0; i < n; ++i) r[i] = quant::fp8_e4m3_encode(x[i] / static_scale);
+      for (int64_t i = 0; i < n; ++i) r[i] = quant::fp8_e4m3_encode(x[i] / sc.scale);
       return;
     case KvType::f32: std::memcpy(r, x, n * 4); return;
     case KvType::bf16:
@@ -71,17 +81,20 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, float static_s
       return;
     case KvType::int8:
     case KvType::fp8_e4m3:
-    case KvType::int4: {
+    case KvType::int4:
+    case KvType::int4_smooth: {
+      const bool int4 = t == KvType::int4 || t == KvType::int4_smooth;
+      auto val = [&](int64_t i) { return sc.smooth ? x[i] / sc.smooth[i] : x[i]; };  // int4-smooth keys
       float amax = 0;
       bool finite = true;
       for (int64_t i = 0; i < n; ++i) {
-        finite = finite && std::isfinite(x[i]);
-        amax = std::max(amax, std::abs(x[i]));
+        finite = finite && std::isfinite(val(i));
+        amax = std::max(amax, std::abs(val(i)));
       }
-      const float qmax = t == KvType::int8 ? 127.f : t == KvType::int4 ? 7.f : quant::fp8_e4m3_max;
+      const float qmax = t == KvType::int8 ? 127.f : int4 ? 7.f : quant::fp8_e4m3_max;
       const float s = finite ? amax / qmax : NAN;
-      auto code = [&](int64_t i) { return s > 0 ? x[i] / s : 0.f; };  // a zero or non-finite scale: zero codes
-      if (t == KvType::int4) {
+      auto code = [&](int64_t i) { return s > 0 ? val(i) / s : 0.f; };  // a zero or non-finite scale: zero codes
+      if (int4) {
         auto nib = [&](int64_t i) { return static_cast<uint8_t>(std::clamp(std::rint(code(i)), -7.f, 7.f) + 8.f); };
         for (int64_t i = 0; i < n / 2; ++i) r[i] = static_cast<uint8_t>(nib(2 * i) | nib(2 * i + 1) << 4);
         std::memcpy(r + n / 2, &s, 4);
@@ -96,10 +109,10 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, float static_s
   }
 }
 
-void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, float static_scale) {
+void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, RecordScales sc) {
   switch (t) {
     case KvType::fp8_e4m3_static:
-      for (int64_t i = 0; i < n; ++i) x[i] = static_scale * quant::fp8_e4m3_decode(r[i]);
+      for (int64_t i = 0; i < n; ++i) x[i] = sc.scale * quant::fp8_e4m3_decode(r[i]);
       return;
     case KvType::f32: std::memcpy(x, r, n * 4); return;
     case KvType::bf16:
@@ -111,6 +124,11 @@ void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, float static_s
       }
       return;
     case KvType::int4: decode_int4_head(r, n, x); return;
+    case KvType::int4_smooth:
+      decode_int4_head(r, n, x);
+      if (sc.smooth)
+        for (int64_t i = 0; i < n; ++i) x[i] *= sc.smooth[i];
+      return;
     case KvType::int8:
     case KvType::fp8_e4m3: {
       float s;

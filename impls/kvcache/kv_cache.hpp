@@ -8,8 +8,14 @@
 //   fp8-e4m3             head_dim OCP E4M3 codes of x / s (nearest even, saturating), then s = amax / 448
 //   int4                 head_dim / 2 bytes: codes q = rint(x / s) in [-7, 7] stored as q + 8, element 2i in
 //                        the low nibble of byte i and 2i + 1 in the high one, then the fp32 scale s = amax / 7
-//                        (per token and head: the per-token keys whose outlier channels KIVI quantizes per
-//                        channel instead); head_dim must be even
+//                        (per token and head, so a key's outlier channels set the step of all its others:
+//                        what KIVI's per-channel keys and int4-smooth below avoid); head_dim must be even
+//   int4-smooth          int4 records, keys smoothed first (QServe's SmoothAttention): a K vector is
+//                        divided channel by channel by the shape's factors lambda = amax_c^0.5 (amax_c of
+//                        that (layer, kv head, channel) over calibration windows) before its per-token int4
+//                        encoding, and multiplied back on decode; the decode kernel multiplies the query by
+//                        lambda instead (q.k = (q lambda).(k / lambda)). Outlier channels stop setting every
+//                        token's scale. V records are plain int4. No factors: plain int4 for K too.
 //   fp8-e4m3-static      head_dim E4M3 codes of x / s with a static scale s per (layer, K or V, kv head)
 //                        held by the shape (vLLM's k_scale / v_scale, calibrated before serving; 1 when
 //                        none is given), no scale in the record: exactly half of bf16's bytes. Values
@@ -48,34 +54,56 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4 };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth };
 const char* kv_type_name(KvType t);
-// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4"; Error otherwise
+// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth"; Error otherwise
 KvType parse_kv_type(const std::string& s);
+
+// What scales a record beyond its own bytes: fp8-e4m3-static's scale of its (layer, K or V, kv head), and
+// int4-smooth's key smoothing factors (head_dim of them; nullptr for V records and every other type).
+struct RecordScales {
+  float scale = 1.f;
+  const float* smooth = nullptr;
+  RecordScales(float s = 1.f, const float* sm = nullptr) : scale(s), smooth(sm) {}  // NOLINT: a plain scale converts
+};
 
 struct KvShape {
   int64_t layers = 0, kv_heads = 0, head_dim = 0;
   KvType type = KvType::f32;
   // fp8-e4m3-static: [layers][K, V][kv_heads] scales (empty: all 1). Ignored by the other types.
   std::vector<float> static_scales{};
+  // int4-smooth: [layers][kv_heads][head_dim] key smoothing factors (empty: none). Ignored by the others.
+  std::vector<float> key_smoothing{};
   // The static scale of (layer, kv = 0 for K / 1 for V, head); 1 for every other type. Error when
   // static_scales is set with the wrong size or a scale that is not positive and finite, or int4 has an
   // odd head_dim.
   float scale(int64_t layer, int kv, int64_t head) const;
   // Where (layer, kv, head) sits in static_scales (and in any per-(layer, K or V, head) table).
   int64_t scale_index(int64_t layer, int kv, int64_t head) const { return (layer * 2 + kv) * kv_heads + head; }
+  // int4-smooth's factors of (layer, kv head): head_dim floats, or nullptr (another type, or none set).
+  const float* smoothing(int64_t layer, int64_t head) const {
+    return type == KvType::int4_smooth && !key_smoothing.empty()
+               ? key_smoothing.data() + (layer * kv_heads + head) * head_dim
+               : nullptr;
+  }
+  // Everything that scales the record of (layer, kv = 0 for K / 1 for V, head).
+  RecordScales record_scales(int64_t layer, int kv, int64_t head) const {
+    return {scale(layer, kv, head), kv == 0 ? smoothing(layer, head) : nullptr};
+  }
   void validate() const;
   int64_t elem_bits() const;
-  bool scaled() const { return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4; }
+  bool scaled() const {
+    return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4 || type == KvType::int4_smooth;
+  }
   int64_t head_bytes() const { return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0); }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
 };
 
-// One head vector to and from its record; static_scale is the shape's scale() for the record's (layer,
-// K or V, head) and matters to fp8-e4m3-static only.
-void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, float static_scale = 1.f);
-void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, float static_scale = 1.f);
+// One head vector to and from its record; sc is the shape's record_scales() for the record's (layer, K or
+// V, head) and matters to fp8-e4m3-static and int4-smooth only.
+void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, RecordScales sc = {});
+void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, RecordScales sc = {});
 // decode_head of an int4 record (also called by the SIMD kernels, which decode int4 to fp32 first).
 inline void decode_int4_head(const uint8_t* r, int64_t head_dim, float* x) {
   float s;

@@ -200,6 +200,11 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
                                                          static_cast<uint64_t>(c.integer("seed", 1)) + 2000, 0);
     p->shape.static_scales = calibrate_kv_scales(cfg, p->data->model.params, p->weights, calib);
   }
+  if (p->shape.type == KvType::int4_smooth) {  // key smoothing factors from the same kind of windows
+    const datasets::Batch calib = datasets::sample_batch(p->data->train(), c.integer("kv_calib_windows", 8), seq,
+                                                         static_cast<uint64_t>(c.integer("seed", 1)) + 2000, 0);
+    p->shape.key_smoothing = calibrate_key_smoothing(cfg, p->data->model.params, p->weights, calib);
+  }
   // The reference losses: the full-sequence forward (model/train_core.hpp) in fp32, one row at a time.
   auto dev = make_cpu_device();
   model::TrainOptions o;
@@ -615,15 +620,17 @@ void register_technique(Registry& r) {
     t.description = "SmolLM2-135M teacher forced through the KV cache per storage type: perplexity and bytes";
     t.schema.params = {
         text_param("model", "the model", "smollm2", {"smollm2"}),
-        text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: scales calibrated on training windows)", nullptr,
-                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4"}),
+        text_param("kv_dtype",
+                   "storage of K and V (fp8-e4m3-static: scales, int4-smooth: key smoothing factors, calibrated on "
+                   "training windows)",
+                   nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("hot_tokens", "paged-offload: newest tokens per window kept on the device", 256, 1),
         int_param("host_layers", "weight-offload: layers whose projections live in the host pool (0: not run)", 0, 0),
-        int_param("kv_calib_windows", "fp8-e4m3-static: training windows (of seq tokens) that set the scales", 8, 1),
+        int_param("kv_calib_windows", "fp8-e4m3-static / int4-smooth: training windows (of seq tokens) that set the scales", 8, 1),
         int_param("seed", "window sampling", 1, 0),
         text_param("corpus_dir", "fortunes directory; default: $MEMTRADE_FORTUNES_DIR or the Debian path", ""),
         text_param("corpus_sha256", "the corpus checksum the case expects (a mismatch is an error)", ""),

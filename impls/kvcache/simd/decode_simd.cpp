@@ -276,6 +276,7 @@ void DecodeUnitImpl(const DecodeUnit& u) {
     case KvType::fp8_e4m3: return Heads<KvType::fp8_e4m3>(u);
     case KvType::fp8_e4m3_static: return Heads<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
     case KvType::int4: return Heads<KvType::int4>(u);
+    case KvType::int4_smooth: return Heads<KvType::int4>(u);  // int4 records; the caller smooths the queries
   }
 }
 
