@@ -2,10 +2,11 @@
 //
 // With 4 KiB pages a buffer of tens of MiB needs thousands of TLB entries; under a hypervisor every
 // miss is a two-level page walk, and where a process's pages land decides how many walks miss the
-// caches. On a 2-core VM a 16 MiB read-only sweep measured 12-20 GB/s from process to process with
-// 4 KiB pages (bimodal, the same for every repetition of one process) and 22-30 GB/s with 2 MiB pages.
-// A memory-bound case then runs at a speed drawn once per process, which the time gate's rounds cannot
-// average away. So the harness's host allocations of 2 MiB or more are aligned to 2 MiB, rounded up to
+// caches. On a 2-core VM a 16 MiB read-only sweep, 20 processes each, measured a median of 20.8 GB/s per
+// process with 4 KiB pages (14-29, and two processes at 3) and 26.6 GB/s with 2 MiB pages (22-31); the
+// copy probe read 25-27 GB/s against 32-39. A memory-bound case on 4 KiB pages runs partly at a speed
+// drawn per process, which the time gate's rounds do not average away, and bandwidth ceilings come out
+// low. So the harness's host allocations of 2 MiB or more are aligned to 2 MiB, rounded up to
 // whole 2 MiB pages and advised MADV_HUGEPAGE before their first touch (what PyTorch's CPU allocator
 // does with THP_MEM_ALLOC_ENABLE). The tracked byte counts are the requested sizes, unchanged.
 //

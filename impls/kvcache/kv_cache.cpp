@@ -84,7 +84,8 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales s
     case KvType::int4:
     case KvType::int4_smooth: {
       const bool int4 = t == KvType::int4 || t == KvType::int4_smooth;
-      auto val = [&](int64_t i) { return sc.smooth ? x[i] / sc.smooth[i] : x[i]; };  // int4-smooth keys
+      const float* smooth = t == KvType::int4_smooth ? sc.smooth : nullptr;  // int4-smooth keys
+      auto val = [&](int64_t i) { return smooth ? x[i] / smooth[i] : x[i]; };
       float amax = 0;
       bool finite = true;
       for (int64_t i = 0; i < n; ++i) {
