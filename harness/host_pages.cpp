@@ -39,7 +39,7 @@ std::string huge_pages_mode_for(const char* env_value, const std::string& thp) {
   return "unavailable";
 }
 
-std::string huge_pages_mode() {
+const std::string& huge_pages_mode() {
   static const std::string mode = huge_pages_mode_for(std::getenv("MEMTRADE_HUGE_PAGES"), thp_setting());
   return mode;
 }

@@ -27,7 +27,7 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 // "off":     $MEMTRADE_HUGE_PAGES=off (or 0 / no);
 // "unavailable": the kernel has no THP or has it set to `never`.
 // Error for any other value of $MEMTRADE_HUGE_PAGES (on / 1 / yes ask for the default).
-std::string huge_pages_mode();
+const std::string& huge_pages_mode();  // decided once per process
 // The rule huge_pages_mode() applies, given $MEMTRADE_HUGE_PAGES (nullptr when unset) and the kernel's
 // THP setting (the bracketed word of .../transparent_hugepage/enabled, "" when there is none).
 std::string huge_pages_mode_for(const char* env_value, const std::string& thp_setting);

@@ -195,15 +195,14 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
   p->windows = datasets::sample_batch(p->data->val(), batch, seq,
                                       static_cast<uint64_t>(c.integer("seed", 1)) + 1000, 0);
-  if (p->shape.type == KvType::fp8_e4m3_static) {  // scales from windows of the training tokens
+  const KvType t = p->shape.type;
+  if (t == KvType::fp8_e4m3_static || t == KvType::int4_smooth) {  // calibrated on windows of the training tokens
     const datasets::Batch calib = datasets::sample_batch(p->data->train(), c.integer("kv_calib_windows", 8), seq,
                                                          static_cast<uint64_t>(c.integer("seed", 1)) + 2000, 0);
-    p->shape.static_scales = calibrate_kv_scales(cfg, p->data->model.params, p->weights, calib);
-  }
-  if (p->shape.type == KvType::int4_smooth) {  // key smoothing factors from the same kind of windows
-    const datasets::Batch calib = datasets::sample_batch(p->data->train(), c.integer("kv_calib_windows", 8), seq,
-                                                         static_cast<uint64_t>(c.integer("seed", 1)) + 2000, 0);
-    p->shape.key_smoothing = calibrate_key_smoothing(cfg, p->data->model.params, p->weights, calib);
+    if (t == KvType::fp8_e4m3_static)
+      p->shape.static_scales = calibrate_kv_scales(cfg, p->data->model.params, p->weights, calib);
+    else
+      p->shape.key_smoothing = calibrate_key_smoothing(cfg, p->data->model.params, p->weights, calib);
   }
   // The reference losses: the full-sequence forward (model/train_core.hpp) in fp32, one row at a time.
   auto dev = make_cpu_device();
