@@ -27,6 +27,7 @@
 #include "datasets/random.hpp"
 #include "impls/quant/formats.hpp"
 #include "impls/quant/simd/matvec_a16.hpp"
+#include "impls/quant/simd/matvec_a8.hpp"
 #include "simd_targets.hpp"
 
 using namespace memtrade;
@@ -208,32 +209,47 @@ TEST(QuantKernels, BadArguments) {
   EXPECT_THROW(matvec_dense_f32(x, x, y, 0, 2), Error);
 }
 
-// ------------------------------------------------------------------ the integer-activation matvec
+// ------------------------------------------------------------------ the integer-activation matvecs
 //
-// matvec_a16 computes sum_k Wd_k x^_k with x^ = quantize_activations_a16(x): int32 sums of the codes
-// inside each block (exact), then fp32: one product and one addition per block, group and the zero-point
-// correction. With q the stored codes and z the zero point, every fp32 term is at most
-// |s (|q_k| + |z|) x^_k| <= (|Wd_k| + 2 s |z|) |x^_k| summed, so |y - sum_k Wd_k x^_k| <= gamma(K + 16) S_a16,
-// S_a16 = sum_k (|Wd_k| + 2 s_g(k) |z_g(k)|) |x^_k| (fewer than K + 16 roundings reach any output).
-// Against the unquantized x the activation rounding adds at most a16_activation_bound's figure.
+// matvec_a16 / matvec_a8 compute sum_k Wd_k x^_k with x^ = quantize_activations(x, bits): int32 sums of
+// the codes inside each block (exact), then fp32: one product and one addition per block, group and the
+// zero-point correction (nf4 through a8: one more product by 1/127). With q the stored codes and z the
+// zero point, every fp32 term is at most |s (|q_k| + |z|) x^_k| <= (|Wd_k| + 2 s |z|) |x^_k| summed, so
+// |y - sum_k Wd_k x^_k| <= gamma(K + 16) S_int, S_int = sum_k (|Wd_k| + 2 s_g(k) |z_g(k)|) |x^_k| (fewer
+// than K + 16 roundings reach any output). Against the unquantized x the activation rounding adds at most
+// activation_bound's figure, and nf4's integer levels nf4_level_bound's.
 
 namespace {
 
-const char* a16_specs[] = {"int8", "int4-g32", "int4-g128", "int4-asym-g64", "int4-asym-g96", "nf4", "nf4-g128", "nf4-dq"};
+// One integer-activation path: its activation bits, entry points and the layouts it takes.
+struct IntPath {
+  int bits;
+  std::string (*unsupported)(const QLayout&);
+  std::size_t (*workspace)(int64_t);
+  void (*matvec)(const QLayout&, const uint8_t*, const float*, float*, void*);
+  std::vector<const char*> specs;
+};
+const IntPath int_paths[] = {
+    {16, a16_unsupported, a16_workspace_bytes, matvec_a16,
+     {"int8", "int4-g32", "int4-g128", "int4-asym-g64", "int4-asym-g96", "nf4", "nf4-g128", "nf4-dq"}},
+    {8, a8_unsupported, a8_workspace_bytes, matvec_a8,
+     {"int8", "int4-g64", "int4-g128", "int4-g192", "int4-asym-g64", "int4-asym-g128", "nf4", "nf4-g128", "nf4-dq"}},
+};
 
-// The weights the kernel multiplies: the dequantized ones, or for nf4 absmax x level(q) x 2^-13.
-std::vector<double> a16_weights(const QLayout& L, const uint8_t* blob, const std::vector<float>& Wd) {
+// The weights the kernel multiplies: the dequantized ones, or for nf4 absmax x level(q) / unit.
+std::vector<double> int_weights(const QLayout& L, const uint8_t* blob, const std::vector<float>& Wd, int bits) {
   std::vector<double> w(Wd.begin(), Wd.end());
   if (L.spec.format != Format::nf4) return w;
   for (int64_t r = 0; r < L.rows; ++r)
     for (int64_t k = 0; k < L.cols; ++k) {
       const int q = nibble(blob + L.codes.offset + r * L.row_bytes, k);
-      w[r * L.cols + k] = static_cast<double>(stored_params(L, blob, r, k / L.group).scale) * a16_nf4_level(q) / 8192.0;
+      w[r * L.cols + k] =
+          static_cast<double>(stored_params(L, blob, r, k / L.group).scale) * nf4_int_level(q, bits) / nf4_level_unit(bits);
     }
   return w;
 }
 
-double a16_bound(const QLayout& L, const uint8_t* blob, const std::vector<double>& Wd, const std::vector<double>& xh,
+double int_bound(const QLayout& L, const uint8_t* blob, const std::vector<double>& Wd, const std::vector<double>& xh,
                  int64_t r) {
   const int64_t K = L.cols;
   double S = 0;
@@ -247,53 +263,65 @@ double a16_bound(const QLayout& L, const uint8_t* blob, const std::vector<double
 
 }  // namespace
 
-TEST(QuantA16, MatchesItsFloat64SemanticsOnEveryTarget) {
-  for_each_simd_target([](int64_t) {
-    uint64_t seed = 900;
-    for (const char* name : a16_specs)
-      for (const Shape sh : shapes) {
-        const QLayout L = layout(parse_spec(name), sh.N, sh.K);
-        ASSERT_EQ(a16_unsupported(L), "") << name;
-        const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
-        std::vector<float> x = normal_vec(sh.K, ++seed);
-        if (sh.K > 40) x[sh.K / 3] *= 60.f;  // an outlier channel, as in LLM activations
-        std::vector<uint8_t> blob(L.total_bytes());
-        quantize(L, W.data(), blob.data());
-        std::vector<float> Wd(W.size());
-        dequantize(L, blob.data(), Wd.data());
-        const A16Activations a = quantize_activations_a16(x.data(), sh.K);
-        std::vector<double> xh(sh.K);
-        for (int64_t k = 0; k < sh.K; ++k) xh[k] = static_cast<double>(a.scale[k / kA16Block]) * a.q[k];
-        const std::vector<double> act = a16_activation_bound(a, Wd.data(), sh.N, sh.K);
-        const std::vector<double> lev = a16_code_bound(L, blob.data(), a);
-        const std::vector<double> Wk = a16_weights(L, blob.data(), Wd);
-        std::vector<char> ws(a16_workspace_bytes(sh.K));
-        std::vector<float> y(sh.N, NAN);
-        matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
-        double lev_max = 0;
-        for (int64_t r = 0; r < sh.N; ++r) {
-          double d = 0, dx = 0, dlev = 0;
-          for (int64_t k = 0; k < sh.K; ++k) {
-            d += Wk[r * sh.K + k] * xh[k];
-            dx += static_cast<double>(Wd[r * sh.K + k]) * x[k];
-            dlev += std::fabs(Wk[r * sh.K + k] - Wd[r * sh.K + k]) * std::fabs(xh[k]);
+TEST(QuantIntActivations, MatchFloat64SemanticsOnEveryTarget) {
+  for (const IntPath& path : int_paths)
+    for_each_simd_target([&](int64_t) {
+      SCOPED_TRACE("a" + std::to_string(path.bits));
+      uint64_t seed = 900;
+      for (const char* name : path.specs)
+        for (const Shape sh : shapes) {
+          const QLayout L = layout(parse_spec(name), sh.N, sh.K);
+          ASSERT_EQ(path.unsupported(L), "") << name;
+          const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
+          std::vector<float> x = normal_vec(sh.K, ++seed);
+          if (sh.K > 40) x[sh.K / 3] *= 60.f;  // an outlier channel, as in LLM activations
+          std::vector<uint8_t> blob(L.total_bytes());
+          quantize(L, W.data(), blob.data());
+          std::vector<float> Wd(W.size());
+          dequantize(L, blob.data(), Wd.data());
+          const IntActivations a = quantize_activations(x.data(), sh.K, path.bits);
+          std::vector<double> xh(sh.K);
+          for (int64_t k = 0; k < sh.K; ++k) xh[k] = static_cast<double>(a.scale[k / kActBlock]) * a.q[k];
+          const std::vector<double> act = activation_bound(a, Wd.data(), sh.N, sh.K);
+          const std::vector<double> lev = nf4_level_bound(L, blob.data(), a);
+          const std::vector<double> Wk = int_weights(L, blob.data(), Wd, path.bits);
+          std::vector<char> ws(path.workspace(sh.K));
+          std::vector<float> y(sh.N, NAN);
+          path.matvec(L, blob.data(), x.data(), y.data(), ws.data());
+          double lev_max = 0;
+          for (int64_t r = 0; r < sh.N; ++r) {
+            double d = 0, dx = 0, dlev = 0;
+            for (int64_t k = 0; k < sh.K; ++k) {
+              d += Wk[r * sh.K + k] * xh[k];
+              dx += static_cast<double>(Wd[r * sh.K + k]) * x[k];
+              dlev += std::fabs(Wk[r * sh.K + k] - Wd[r * sh.K + k]) * std::fabs(xh[k]);
+            }
+            const double arith = int_bound(L, blob.data(), Wk, xh, r);
+            ASSERT_LE(std::fabs(y[r] - d), arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
+            ASSERT_LE(std::fabs(y[r] - dx), act[r] + lev[r] + arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
+            // The level bound is the levels' own displacement, exactly (0 for the integer formats).
+            ASSERT_NEAR(lev[r], dlev, 1e-12 * (1 + dlev)) << name << " row " << r;
+            lev_max = std::max(lev_max, lev[r]);
           }
-          const double arith = a16_bound(L, blob.data(), Wk, xh, r);
-          ASSERT_LE(std::fabs(y[r] - d), arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
-          ASSERT_LE(std::fabs(y[r] - dx), act[r] + lev[r] + arith) << name << " " << sh.N << "x" << sh.K << " row " << r;
-          // The level bound is the levels' own displacement, exactly (0 for the integer formats).
-          ASSERT_NEAR(lev[r], dlev, 1e-12 * (1 + dlev)) << name << " row " << r;
-          lev_max = std::max(lev_max, lev[r]);
+          if (L.spec.format == Format::nf4 && sh.K >= 7) {
+            EXPECT_GT(lev_max, 0.0) << name;  // the levels do move
+          }
         }
-        if (L.spec.format == Format::nf4 && sh.K >= 7) {
-          EXPECT_GT(lev_max, 0.0) << name;  // the levels do move
-        }
-      }
-  });
+    });
 }
 
-TEST(QuantA16, ActivationCodesAndTheirError) {
-  // A block's largest magnitude is +-32767 codes; an all-zero block has scale 0; a block with a NaN or an
+TEST(QuantIntActivations, A8ActivationLayoutIsAPermutationOfEachPair) {
+  std::vector<int> seen(64, 0);
+  for (int64_t pos = 0; pos < 64; ++pos) ++seen.at(static_cast<std::size_t>(a8_position(pos)));
+  for (int c : seen) EXPECT_EQ(c, 1);
+  EXPECT_EQ(a8_position(0), 0);    // block 0's evens
+  EXPECT_EQ(a8_position(16), 32);  // block 1's evens
+  EXPECT_EQ(a8_position(32), 1);   // block 0's odds
+  EXPECT_EQ(a8_position(63), 63);  // block 1's last odd
+}
+
+TEST(QuantIntActivations, CodesAndTheirError) {
+  // A block's largest magnitude is +-32767 codes (8-bit: +-127); an all-zero block has scale 0; a block with a NaN or an
   // infinity has a NaN scale (its outputs are NaN); a block whose step falls below the normal floats is
   // flushed to zero with its amax as the error bound; the rest err by at most 0.504 steps.
   std::vector<float> x(32 * 5, 0.f);
@@ -302,7 +330,7 @@ TEST(QuantA16, ActivationCodesAndTheirError) {
   x[96 + 1] = 1e-36f;                                                            // block 3: step < FLT_MIN
   x[128] = -2.f;                                                                 // block 4 (amax 2)
   x[129] = 1.f;
-  const A16Activations a = quantize_activations_a16(x.data(), static_cast<int64_t>(x.size()));
+  const IntActivations a = quantize_activations_a16(x.data(), static_cast<int64_t>(x.size()));
   ASSERT_EQ(a.scale.size(), 5u);
   EXPECT_EQ(a.scale[0], static_cast<float>(4.75 / 32767.0));
   EXPECT_EQ(a.q[31], 32767);
@@ -315,38 +343,55 @@ TEST(QuantA16, ActivationCodesAndTheirError) {
   EXPECT_EQ(a.max_err[3], static_cast<double>(1e-36f));
   EXPECT_EQ(a.q[128], -32767);
   EXPECT_EQ(a.q[129], 16384);  // 0.5 x 32767 = 16383.5, rounded to even
+  const IntActivations a8 = quantize_activations_a8(x.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(a8.bits, 8);
+  EXPECT_EQ(a8.scale[0], static_cast<float>(4.75 / 127.0));
+  EXPECT_EQ(a8.q[31], 127);
+  EXPECT_EQ(a8.q[30], 120);  // 4.5 / 4.75 x 127 = 120.3
+  EXPECT_TRUE(std::isnan(a8.scale[2]));
+  EXPECT_EQ(a8.q[128], -127);
+  EXPECT_EQ(a8.q[129], 64);  // 63.5, rounded to even
   const std::vector<float> r = normal_vec(100003, 5, 3.0);
-  const A16Activations b = quantize_activations_a16(r.data(), static_cast<int64_t>(r.size()));
-  for (std::size_t k = 0; k < r.size(); ++k)
-    ASSERT_LE(std::fabs(r[k] - static_cast<double>(b.scale[k / kA16Block]) * b.q[k]), b.max_err[k / kA16Block]) << k;
+  for (int bits : {16, 8}) {
+    const IntActivations b = quantize_activations(r.data(), static_cast<int64_t>(r.size()), bits);
+    for (std::size_t k = 0; k < r.size(); ++k)
+      ASSERT_LE(std::fabs(r[k] - static_cast<double>(b.scale[k / kActBlock]) * b.q[k]), b.max_err[k / kActBlock]) << bits << " " << k;
+  }
+  EXPECT_THROW(quantize_activations(r.data(), 8, 12), Error);
 
   // The NaN reaches the outputs, on every target.
-  for_each_simd_target([&](int64_t) {
-    for (const char* name : {"int4-g32", "nf4"}) {
-      const QLayout L = layout(parse_spec(name), 3, static_cast<int64_t>(x.size()));
-      const std::vector<float> W = normal_vec(3 * static_cast<int64_t>(x.size()), 6);
-      std::vector<uint8_t> blob(L.total_bytes());
-      quantize(L, W.data(), blob.data());
-      std::vector<char> ws(a16_workspace_bytes(L.cols));
-      std::vector<float> y(3);
-      matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
-      for (float v : y) EXPECT_TRUE(std::isnan(v)) << name;
-    }
-  });
+  for (const IntPath& path : int_paths)
+    for_each_simd_target([&](int64_t) {
+      for (const char* name : {"int4-g64", "nf4", "int8"}) {
+        const QLayout L = layout(parse_spec(name), 3, static_cast<int64_t>(x.size()));
+        const std::vector<float> W = normal_vec(3 * static_cast<int64_t>(x.size()), 6);
+        std::vector<uint8_t> blob(L.total_bytes());
+        quantize(L, W.data(), blob.data());
+        std::vector<char> ws(path.workspace(L.cols));
+        std::vector<float> y(3);
+        path.matvec(L, blob.data(), x.data(), y.data(), ws.data());
+        for (float v : y) EXPECT_TRUE(std::isnan(v)) << name << " a" << path.bits;
+      }
+    });
 }
 
-TEST(QuantA16, FormatsWithoutIntegerCodesAreNamed) {
-  for (const char* name : {"nf4-g32", "fp8-e4m3", "int4-g16", "int4-asym-g33"}) {
-    const QLayout L = layout(parse_spec(name), 4, 64);
-    EXPECT_NE(a16_unsupported(L), "") << name;
-    std::vector<uint8_t> blob(L.total_bytes());
-    std::vector<float> x(64, 1.f), y(4);
-    std::vector<char> ws(a16_workspace_bytes(64));
-    try {
-      matvec_a16(L, blob.data(), x.data(), y.data(), ws.data());
-      ADD_FAILURE() << name << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("matvec_a16"), std::string::npos) << e.what();
+TEST(QuantIntActivations, FormatsWithoutIntegerCodesAreNamed) {
+  const std::vector<const char*> refused[] = {{"nf4-g32", "fp8-e4m3", "int4-g16", "int4-asym-g33"},
+                                              {"nf4-g32", "fp8-e5m2", "int4-g32", "int4-asym-g96"}};
+  for (int i = 0; i < 2; ++i) {
+    const IntPath& path = int_paths[i];
+    for (const char* name : refused[i]) {
+      const QLayout L = layout(parse_spec(name), 4, 192);
+      EXPECT_NE(path.unsupported(L), "") << name;
+      std::vector<uint8_t> blob(L.total_bytes());
+      std::vector<float> x(192, 1.f), y(4);
+      std::vector<char> ws(path.workspace(192));
+      try {
+        path.matvec(L, blob.data(), x.data(), y.data(), ws.data());
+        ADD_FAILURE() << name << " was accepted by a" << path.bits;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(path.bits == 16 ? "matvec_a16" : "matvec_a8"), std::string::npos) << e.what();
+      }
     }
   }
 }

@@ -11,8 +11,9 @@
 // Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
 // (packed codes read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on
 // dequantized panels), `packed-a16` on the CPU (int8 / int4 codes, or nf4's levels as int16, times the
-// activations rounded to int16 per block of 32, in integer multiply-adds: simd/matvec_a16.hpp; judged
-// with the derived bound on what those roundings can move) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
+// activations rounded to int16 per block of 32, in integer multiply-adds: simd/matvec_a16.hpp), `packed-a8`
+// on the CPU (the same with int8 activations and byte multiply-adds, llama.cpp's Q4_0 x Q8_0:
+// simd/matvec_a8.hpp; both judged with the derived bound on what their roundings can move) and `packed` on CUDA (matvec: one warp per row). Timed with cold caches (Work::cold_cache).
 // Counters: weight_bytes (codes + scales + zero points, the exact blob), bits_per_weight, output error
 // against the float64 product with the ORIGINAL weights (rel_l2_err: quantization + arithmetic), the
 // weight reconstruction error (weight_rel_l2_err), the layer-output MSE on the calibration rows and on
@@ -30,6 +31,7 @@
 #include "impls/quant/matvec.hpp"
 #include "impls/quant/quantizers.hpp"
 #include "impls/quant/simd/matvec_a16.hpp"
+#include "impls/quant/simd/matvec_a8.hpp"
 
 namespace memtrade::quant {
 
@@ -72,7 +74,8 @@ struct QuantProblem final : Problem {
   std::vector<uint8_t> blob;            // the quantized weights
   std::vector<bf16_t> w_bf16;
   double weight_rel_l2 = 0, calib_mse = 0, heldout_mse = 0, awq_ratio = 0;
-  double a16_max_shift = 0;  // packed-a16: the most its int16 activations can move an output
+  // packed-a16 / packed-a8: the most their int16 / int8 activations (and nf4's integer levels) can move an output
+  double a16_max_shift = 0, a8_max_shift = 0;
 };
 
 std::unique_ptr<Problem> prepare(const Case& c) {
@@ -122,22 +125,27 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   p->weight_rel_l2 = std::sqrt(num / den);
   p->calib_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, X.data(), n_calib);
   p->heldout_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, held.data(), n_held);
-  if (q.m == 1 && a16_unsupported(p->L).empty()) {
+  if (q.m == 1) {
     std::vector<float> wd(p->w.size());
     dequantize(p->L, p->blob.data(), wd.data());
-    const A16Activations a = quantize_activations_a16(p->x.data(), q.k);
-    auto shift = a16_activation_bound(a, wd.data(), q.n, q.k);
-    const auto levels = a16_code_bound(p->L, p->blob.data(), a);  // nf4's int16 levels; 0 otherwise
-    for (std::size_t r = 0; r < shift.size(); ++r) shift[r] += levels[r];
-    p->a16_max_shift = *std::max_element(shift.begin(), shift.end());
+    auto max_shift = [&](int bits) {
+      const IntActivations a = quantize_activations(p->x.data(), q.k, bits);
+      auto shift = activation_bound(a, wd.data(), q.n, q.k);
+      const auto levels = nf4_level_bound(p->L, p->blob.data(), a);  // nf4's integer levels; 0 otherwise
+      for (std::size_t r = 0; r < shift.size(); ++r) shift[r] += levels[r];
+      return *std::max_element(shift.begin(), shift.end());
+    };
+    if (a16_unsupported(p->L).empty()) p->a16_max_shift = max_shift(16);
+    if (a8_unsupported(p->L).empty()) p->a8_max_shift = max_shift(8);
   }
   return p;
 }
 
 class QuantWorkload final : public Workload {
  public:
-  QuantWorkload(const QuantProblem& p, Device& dev, bool optimized, bool a16)
-      : p_(p), dev_(dev), optimized_(optimized), a16_(a16) {
+  // act_bits: 16 or 8 for the integer-activation kernels (packed-a16 / packed-a8), 0 otherwise.
+  QuantWorkload(const QuantProblem& p, Device& dev, bool optimized, int act_bits)
+      : p_(p), dev_(dev), optimized_(optimized), act_bits_(act_bits) {
     const QuantCase& q = p.q;
     auto& pool = dev.memory();
     if (q.dense) {
@@ -166,9 +174,12 @@ class QuantWorkload final : public Workload {
     const uint8_t* blob = w_.as<uint8_t>();
     if (dev_.backend() == Backend::cuda) {
       matvec_cuda(p_.L, blob, x, y, dev_);
-    } else if (a16_) {
+    } else if (act_bits_ == 16) {
       Buffer ws(dev_.memory(), a16_workspace_bytes(q.k), Tag::workspace);
       matvec_a16(p_.L, blob, x, y, ws.data());
+    } else if (act_bits_ == 8) {
+      Buffer ws(dev_.memory(), a8_workspace_bytes(q.k), Tag::workspace);
+      matvec_a8(p_.L, blob, x, y, ws.data());
     } else if (!optimized_) {
       if (q.m == 1) matvec_reference(p_.L, blob, x, y);
       else matmul_reference(p_.L, blob, x, q.m, y);
@@ -199,7 +210,7 @@ class QuantWorkload final : public Workload {
   std::string detail() override {
     if (dev_.backend() != Backend::cpu || !optimized_) return {};
     if (p_.q.dense || p_.q.m > 1) return "simd " + memtrade::simd::target_name();
-    if (a16_) return "kernel a16-hwy-" + memtrade::simd::target_name();
+    if (act_bits_) return "kernel a" + std::to_string(act_bits_) + "-hwy-" + memtrade::simd::target_name();
     return "kernel " + matvec_cpu_path(p_.L);
   }
 
@@ -218,7 +229,8 @@ class QuantWorkload final : public Workload {
  private:
   const QuantProblem& p_;
   Device& dev_;
-  const bool optimized_, a16_;
+  const bool optimized_;
+  const int act_bits_;
   Buffer w_, x_, y_;
 };
 
@@ -296,23 +308,26 @@ void register_technique(Registry& r) {
     if (p.q.dense) return 8 * unit_roundoff(p.q.dense_dtype);
     return 3 * p.weight_rel_l2 + 8 * unit_roundoff(DType::f32);
   };
-  // packed-a16 multiplies int16-rounded activations: its outputs may move by up to the derived
-  // a16_activation_bound (max over rows) on top of the packed path's allowance.
+  // packed-a16 / packed-a8 multiply int16- / int8-rounded activations: their outputs may move by up to
+  // the derived activation_bound plus nf4_level_bound (max over rows) on top of the packed path's allowance.
   t.error_rule.approximation = [](const Case&, const Problem& prob, const Impl& impl) {
-    return impl.name == "packed-a16" ? problem_as<QuantProblem>(prob).a16_max_shift : 0.0;
+    const auto& p = problem_as<QuantProblem>(prob);
+    return impl.name == "packed-a16" ? p.a16_max_shift : impl.name == "packed-a8" ? p.a8_max_shift : 0.0;
   };
   t.prepare = prepare;
   auto add = [&](const char* name, Role role, const char* desc, bool optimized, Backend be = Backend::cpu) {
-    const bool a16 = std::string(name) == "packed-a16";
-    Impl i = typed_impl<QuantProblem>(t.name, name, role, be, desc, [optimized, a16](const QuantProblem& prob, Device& dev) {
-      return std::make_unique<QuantWorkload>(prob, dev, optimized, a16);
+    const std::string n = name;
+    const int act_bits = n == "packed-a16" ? 16 : n == "packed-a8" ? 8 : 0;
+    Impl i = typed_impl<QuantProblem>(t.name, name, role, be, desc, [optimized, act_bits](const QuantProblem& prob, Device& dev) {
+      return std::make_unique<QuantWorkload>(prob, dev, optimized, act_bits);
     });
-    if (a16)
-      i.not_applicable = [](const Case& c) {
+    if (act_bits)
+      i.not_applicable = [act_bits](const Case& c) {
         const QuantCase q = read_case(c);
         if (q.dense) return std::string("the dense baselines have one implementation (cpu)");
-        if (q.m > 1) return std::string("the integer-activation kernel is a matvec (m = 1)");
-        return a16_unsupported(layout(q.spec, q.n, q.k));
+        if (q.m > 1) return std::string("the integer-activation kernels are matvecs (m = 1)");
+        const QLayout L = layout(q.spec, q.n, q.k);
+        return act_bits == 16 ? a16_unsupported(L) : a8_unsupported(L);
       };
     else if (be == Backend::cuda)
       i.not_applicable = [](const Case& c) {
@@ -332,6 +347,8 @@ void register_technique(Registry& r) {
   add("packed", Role::optimized, "packed codes decoded in registers (AVX-512, OpenMP); matmul via OpenBLAS panels", true);
   add("packed-a16", Role::optimized,
       "int8 / int4 codes (nf4: int16 levels) times int16-quantized activations (per 32), exact int32 pairwise products (Highway)", true);
+  add("packed-a8", Role::optimized,
+      "int8 / int4 codes (nf4: byte levels) times int8-quantized activations (per 32), byte multiply-adds (x86 vpmaddubsw)", true);
   add("packed", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
       Backend::cuda);
   t.claims["int4-7b"] = check_int4_7b;

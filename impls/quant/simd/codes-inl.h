@@ -63,6 +63,14 @@ HWY_INLINE codes::VF decode8(const uint8_t* p) {
   }
 }
 
+// A stored fp16 scale as float (F16C's conversion where the target has it).
+HWY_INLINE float scale_f16(const uint8_t* p) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh;
+  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace memtrade::quant::simd
 HWY_AFTER_NAMESPACE();

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "common/common.hpp"
+#include "impls/quant/simd/codes-inl.h"
 #include "impls/quant/simd/matvec_a16.hpp"
 #include "impls/quant/simd/matvec_simd.hpp"
 
@@ -65,7 +66,7 @@ struct Nf4Bytes {
   HWY_ALIGN uint8_t lo[16], hi[16];
   Nf4Bytes() {
     for (int c = 0; c < 16; ++c) {
-      const auto v = static_cast<uint16_t>(a16_nf4_level(c));
+      const auto v = static_cast<uint16_t>(nf4_int_level(c, 16));
       lo[c] = static_cast<uint8_t>(v & 0xFF);
       hi[c] = static_cast<uint8_t>(v >> 8);
     }
@@ -136,13 +137,6 @@ HWY_INLINE VF blocks(const uint8_t* HWY_RESTRICT row, const int16_t* HWY_RESTRIC
   return hn::Add(a0, a1);
 }
 
-// An fp16 scale as float (F16C's conversion where the target has it).
-HWY_INLINE float f16_scale(const uint8_t* p) {
-  const hn::CappedTag<float, 1> d1;
-  const hn::Rebind<hwy::float16_t, decltype(d1)> dh;
-  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
-}
-
 // y_r = sum_g s_g (sum_{b in g} xs_b sum_{k in b} q_k x^_k - z_g cs_g), cs_g = sum_{k in g} x^_k (the
 // zero point applied once per group, in float); int8 has one group per row and z = 0.
 template <Format F>
@@ -157,7 +151,7 @@ void MatvecA16T(const QLayout& L, const uint8_t* blob, const int16_t* xq, const 
     float tail = 0.f;  // the short last block (natural order) in int32, then scaled
     float out = 0.f;
     if constexpr (F == Format::int8) {
-      const float scale = f16_scale(blob + L.scales.offset + 2 * r);
+      const float scale = quant::simd::HWY_NAMESPACE::scale_f16(blob + L.scales.offset + 2 * r);
       int32_t t = 0;
       for (int64_t k = full * kA16Block; k < K; ++k) t += static_cast<int8_t>(row[k]) * xq[k];
       if (full * kA16Block < K) tail = xs[full] * static_cast<float>(t);
@@ -167,7 +161,7 @@ void MatvecA16T(const QLayout& L, const uint8_t* blob, const int16_t* xq, const 
       float corr = 0.f;
       const uint8_t* scales = blob + L.scales.offset + 2 * r * L.groups_per_row;
       for (int64_t g = 0; g < L.groups_per_row; ++g) {
-        const float s = f16_scale(scales + 2 * g);
+        const float s = quant::simd::HWY_NAMESPACE::scale_f16(scales + 2 * g);
         float z = 8.f;
         if constexpr (F == Format::int4_asym) z = static_cast<float>(nibble(blob + L.zeros.offset + r * L.zero_row_bytes, g));
         acc = hn::MulAdd(blocks<F>(row, xq, xs, g * G / kA16Block, std::min(full, (g + 1) * G / kA16Block)), hn::Set(df, s), acc);
@@ -223,7 +217,7 @@ void MatvecA16Nf4(const QLayout& L, const uint8_t* blob, const int16_t* xq, cons
         for (int64_t h = 0; h < 2; ++h) {
           int64_t t = 0;
           for (int64_t pos = 0; pos < 64; ++pos)
-            if (pos % 16 / 8 == h) t += a16_nf4_level(nibble(row, 64 * p + a16_nf4_position(pos))) * xq[64 * p + pos];
+            if (pos % 16 / 8 == h) t += nf4_int_level(nibble(row, 64 * p + a16_nf4_position(pos)), 16) * xq[64 * p + pos];
           acc = hn::MulAdd(hn::Set(df, static_cast<float>(t)), hn::Set(df, s[h]), acc);
         }
 #else
@@ -239,7 +233,7 @@ void MatvecA16Nf4(const QLayout& L, const uint8_t* blob, const int16_t* xq, cons
     float tail = 0.f;
     for (int64_t b = 2 * pairs; b * kA16Block < K; ++b) {
       int64_t t = 0;
-      for (int64_t k = b * kA16Block; k < std::min(K, (b + 1) * kA16Block); ++k) t += a16_nf4_level(nibble(row, k)) * xq[k];
+      for (int64_t k = b * kA16Block; k < std::min(K, (b + 1) * kA16Block); ++k) t += nf4_int_level(nibble(row, k), 16) * xq[k];
       tail += absmax(r * gpr + b * kA16Block / G) * xs[b] * static_cast<float>(t);
     }
     y[r] = (hn::GetLane(hn::SumOfLanes(df, acc)) + tail) * 0x1p-13f;
@@ -265,37 +259,9 @@ namespace memtrade::quant {
 namespace a16 {
 HWY_EXPORT(MatvecA16);
 
-// One block's codes and scale (see A16Activations). Returns the most |x_k - x^_k| can be.
-double quantize_block(const float* x, int64_t n, int16_t* q, float& scale) {
-  float amax = 0.f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    finite = finite && std::isfinite(x[i]);
-    amax = std::max(amax, std::fabs(x[i]));
-  }
-  std::fill(q, q + n, int16_t{0});
-  if (!finite) {
-    scale = std::numeric_limits<float>::quiet_NaN();
-    return 0;
-  }
-  scale = static_cast<float>(static_cast<double>(amax) / 32767.0);
-  if (!(scale >= std::numeric_limits<float>::min())) {  // zero, or a step below the normal range: flushed
-    scale = 0.f;
-    return amax;
-  }
-  const double inv = 1.0 / scale;
-  for (int64_t i = 0; i < n; ++i)
-    q[i] = static_cast<int16_t>(std::clamp(std::nearbyint(x[i] * inv), -32767.0, 32767.0));
-  return 0.504 * scale;
-}
-
 bool four_bit_order(const QLayout& L) { return L.spec.format == Format::int4 || L.spec.format == Format::int4_asym; }
 
 }  // namespace a16
-
-int16_t a16_nf4_level(int code) {
-  return static_cast<int16_t>(std::lrint(static_cast<double>(nf4_code(code)) * (1 << kA16Nf4Bits)));
-}
 
 int64_t a16_nf4_position(int64_t pos) {
   const int64_t v = pos / 16, h = pos % 16 / 8, j = pos % 8;  // vector (evens 0-1, odds 2-3), block, lane
@@ -319,44 +285,6 @@ std::string a16_unsupported(const QLayout& L) {
   }
 }
 
-A16Activations quantize_activations_a16(const float* x, int64_t K) {
-  MT_CHECK(K > 0, "quantize_activations_a16: K must be > 0");
-  A16Activations a;
-  a.q.resize(static_cast<std::size_t>(K));
-  for (int64_t k0 = 0; k0 < K; k0 += kA16Block) {
-    float s = 0.f;
-    a.max_err.push_back(a16::quantize_block(x + k0, std::min(kA16Block, K - k0), a.q.data() + k0, s));
-    a.scale.push_back(s);
-  }
-  return a;
-}
-
-std::vector<double> a16_activation_bound(const A16Activations& a, const float* Wd, int64_t N, int64_t K) {
-  MT_CHECK(static_cast<int64_t>(a.q.size()) == K, "a16_activation_bound: activations of another length");
-  std::vector<double> bound(static_cast<std::size_t>(N), 0.0);
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t k = 0; k < K; ++k) bound[r] += a.max_err[k / kA16Block] * std::fabs(static_cast<double>(Wd[r * K + k]));
-  return bound;
-}
-
-std::vector<double> a16_code_bound(const QLayout& L, const uint8_t* blob, const A16Activations& a) {
-  const int64_t N = L.rows, K = L.cols;
-  MT_CHECK(static_cast<int64_t>(a.q.size()) == K, "a16_code_bound: activations of another length");
-  std::vector<double> bound(static_cast<std::size_t>(N), 0.0);
-  if (L.spec.format != Format::nf4) return bound;
-  for (int64_t r = 0; r < N; ++r) {
-    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
-    for (int64_t k = 0; k < K; ++k) {
-      const float s = stored_params(L, blob, r, k / L.group).scale;
-      const int q = nibble(row, k);
-      const double used = static_cast<double>(s) * a16_nf4_level(q) / (1 << kA16Nf4Bits);
-      const double x = static_cast<double>(a.scale[k / kA16Block]) * a.q[k];
-      bound[r] += std::fabs(static_cast<double>(decode_value(Format::nf4, q, s, 0.f)) - used) * std::fabs(x);
-    }
-  }
-  return bound;
-}
-
 std::size_t a16_workspace_bytes(int64_t K) {
   const int64_t blocks = (K + kA16Block - 1) / kA16Block;
   // codes, block scales, per-group sums (at most one group per block)
@@ -375,7 +303,7 @@ void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y,
   int16_t q[kA16Block];
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t k0 = b * kA16Block, n = std::min(kA16Block, K - k0);
-    a16::quantize_block(x + k0, n, q, xs[b]);
+    quantize_activation_block(x + k0, n, 16, q, xs[b]);
     int16_t* out = xq + k0;
     if (n == kA16Block && a16::four_bit_order(L)) {  // evens, then odds: the nibbles' order in code bytes
       for (int64_t i = 0; i < kA16Block / 2; ++i) {

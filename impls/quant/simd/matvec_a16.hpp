@@ -9,13 +9,13 @@
 // its levels as int16 fixed point, level(q) = round(code(q) 2^13) (|level| <= 2^13, off by at most 2^-14
 // of the group's absmax): each code byte's two nibbles index a low-byte and a high-byte table (x86
 // pshufb), the bytes interleaved give the int16 levels, and y is 2^-13 sum a_g sum_b xs_b sum level x^;
-// groups of a multiple of 64 or one per row (a16_code_bound bounds what the levels move). fp8 codes are
+// groups of a multiple of 64 or one per row (nf4_level_bound bounds what the levels move). fp8 codes are
 // not integers. This is the W4A16 variant of llama.cpp's W4A8 dot products: 16-bit
 // activation codes keep the activation error 256 times below 8-bit ones, for twice the multiply-adds
 // (vpmaddwd takes 16 int16 pairs per 256 bits where vpmaddubsw takes 32 byte pairs; Highway 1.0 has no
 // portable form of the latter). The error is bounded per case: |x_k - x^_k| <= 0.504 s_b (half a step,
 // plus the rounding of x / s_b), so each output moves by at most sum_k 0.504 s_b(k) |w_k|
-// (a16_activation_bound).
+// (activation_bound, int_activations.hpp).
 //
 // Accumulation: exact int32 inside a block (|code| <= 15 (4-bit) or 127 (int8), |x^| <= 32767; nf4: at
 // most 8 products of |level| <= 2^13 per lane); the block's lanes become floats (exactly where a lane's sum
@@ -29,14 +29,13 @@
 #include <vector>
 
 #include "impls/quant/formats.hpp"
+#include "impls/quant/simd/int_activations.hpp"
 
 namespace memtrade::quant {
 
-inline constexpr int64_t kA16Block = 32;
-inline constexpr int kA16Nf4Bits = 13;  // nf4 levels in units of 2^-13
+inline constexpr int64_t kA16Block = kActBlock;
+inline constexpr int kA16Nf4Bits = 13;  // nf4 levels in units of 2^-13 (nf4_int_level(q, 16))
 
-// nf4 code q's level as the kernel multiplies it: round(nf4_code(q) x 2^13).
-int16_t a16_nf4_level(int code);
 // nf4's activation layout within each whole pair of blocks (64 elements): position pos of the pair holds
 // element a16_nf4_position(pos) (the kernel's vectors: even elements of both blocks, then odd ones).
 int64_t a16_nf4_position(int64_t pos);
@@ -44,24 +43,9 @@ int64_t a16_nf4_position(int64_t pos);
 // Why the integer path cannot take this layout, or "" when it can.
 std::string a16_unsupported(const QLayout& L);
 
-// x quantized as the kernel does it: q[k] (natural order) and one scale per block of kA16Block (the last
-// block may be shorter); x^_k = scale[k / kA16Block] * q[k]. An all-zero block has scale 0; a NaN or an
-// infinity makes its block's scale NaN, so the outputs it reaches are NaN, never a silent number.
-struct A16Activations {
-  std::vector<int16_t> q;
-  std::vector<float> scale;
-  std::vector<double> max_err;  // per block, the most |x_k - x^_k| can be: 0.504 scale, or the block's amax
-                                // where its step would fall below the normal floats (flushed to 0)
-};
-A16Activations quantize_activations_a16(const float* x, int64_t K);
-
-// Per output row, the most the activation rounding can move y: sum_k max_err[k / 32] |Wd[r, k]|,
-// with Wd the dequantized weights [N x K] (row-major).
-std::vector<double> a16_activation_bound(const A16Activations& a, const float* Wd, int64_t N, int64_t K);
-
-// Per output row, the most the nf4 levels' rounding can move y: sum_k |deq(q_k) - a_g level(q_k) 2^-13|
-// |x^_k| (0 for the integer formats, whose codes are used as they are).
-std::vector<double> a16_code_bound(const QLayout& L, const uint8_t* blob, const A16Activations& a);
+// The activations as the kernel rounds them (int_activations.hpp, 16-bit codes); its error bounds are
+// activation_bound and nf4_level_bound of these.
+inline IntActivations quantize_activations_a16(const float* x, int64_t K) { return quantize_activations(x, K, 16); }
 
 // Bytes of workspace matvec_a16 needs for K columns (the int16 codes in the kernel's order and the
 // block scales); the caller allocates it (any alignment of a float).

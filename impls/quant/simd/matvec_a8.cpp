@@ -1,0 +1,341 @@
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "impls/quant/simd/matvec_a8.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include "impls/quant/simd/codes-inl.h"
+
+#include <algorithm>
+
+#include "common/common.hpp"
+#include "impls/quant/simd/matvec_a8.hpp"
+#include "impls/quant/simd/matvec_simd.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::quant::a8 {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int64_t kB = kActBlock;  // 32 elements per activation block; a pair is 64
+
+// What a kernel reads of one call: the codes (xq) in the kernel's order, each block's scale four times
+// (xs4[4b .. 4b + 3]) and each group's activation sum (cs, 4-bit formats).
+struct Acts {
+  const int8_t* xq;
+  const float* xs4;
+  const float* cs;
+};
+
+// The group parameters of row r as the kernels use them: the scale (nf4: the absmax) and what the zero
+// points add.
+struct RowParams {
+  const QLayout& L;
+  const uint8_t* blob;
+  float mean = 0.f;
+  template <Format F>
+  float scale(int64_t r, int64_t g) const {
+    const int64_t i = r * L.groups_per_row + g;
+    if constexpr (F != Format::nf4) return quant::simd::HWY_NAMESPACE::scale_f16(blob + L.scales.offset + 2 * i);
+    else if (L.spec.double_quant)
+      return nf4_dq_absmax(static_cast<int8_t>(blob[L.scales.offset + i]),
+                           load_bytes<float>(blob + L.dq_scales.offset + 4 * (i / nf4_dq_block)), mean);
+    else
+      return load_bytes<float>(blob + L.scales.offset + 4 * i);
+  }
+  // sum_g s_g z_g cs_g over row r's groups (4-bit integer formats): what the unsigned codes add.
+  template <Format F>
+  float zero_correction(int64_t r, const float* cs) const {
+    const int64_t gpr = L.groups_per_row;
+    if constexpr (F == Format::int4) {  // z = 8 for every group: 8 sum_g s_g cs_g, the scales converted in vectors
+      const hn::CappedTag<float, 8> df;  // (groups per row are few: 32 for K = 4096, g128)
+      const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+      const auto* sc = reinterpret_cast<const hwy::float16_t*>(blob + L.scales.offset + 2 * r * gpr);
+      const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+      auto v = hn::Zero(df);
+      int64_t g = 0;
+      for (; g + n <= gpr; g += n) v = hn::MulAdd(hn::PromoteTo(df, hn::LoadU(dh, sc + g)), hn::LoadU(df, cs + g), v);
+      float c = hn::GetLane(hn::SumOfLanes(df, v));
+      for (; g < gpr; ++g) c += scale<F>(r, g) * cs[g];
+      return 8.f * c;
+    } else {
+      float c = 0.f;
+      for (int64_t g = 0; g < gpr; ++g)
+        c += scale<F>(r, g) * static_cast<float>(nibble(blob + L.zeros.offset + r * L.zero_row_bytes, g)) * cs[g];
+      return c;
+    }
+  }
+};
+
+// The multiplier of element k's activation code: the code (int8, int4) or nf4's byte level.
+HWY_INLINE int weight_int(Format f, const uint8_t* row, int64_t k) {
+  if (f == Format::int8) return static_cast<int8_t>(row[k]);
+  const int q = nibble(row, k);
+  return f == Format::nf4 ? nf4_int_level(q, 8) : q;
+}
+
+// Blocks [b0, b1) of one row in natural order (the elements after the last whole pair; int8 on targets
+// without byte multiply-adds: every block), each block's exact int32 sum times its scale.
+HWY_INLINE float natural_blocks(Format f, const uint8_t* row, const Acts& a, int64_t K, int64_t b0, int64_t b1) {
+  float sum = 0.f;
+  for (int64_t b = b0; b < b1; ++b) {
+    int32_t t = 0;
+    for (int64_t k = b * kB; k < std::min(K, (b + 1) * kB); ++k) t += weight_int(f, row, k) * a.xq[k];
+    sum += a.xs4[4 * b] * static_cast<float>(t);
+  }
+  return sum;
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+// 256 bits on AVX2 and AVX-512 (two blocks of 4-bit codes per load), 128 on SSSE3 / SSE4 (one).
+using D8 = hn::CappedTag<uint8_t, 32>;
+using DI8 = hn::Repartition<int8_t, D8>;
+using D16 = hn::Repartition<int16_t, D8>;
+using D32 = hn::Repartition<int32_t, D8>;
+using DF = hn::Repartition<float, D8>;
+using VF = hn::Vec<DF>;
+using V32 = hn::Vec<D32>;
+constexpr bool kWide = hn::MaxLanes(D8()) == 32;
+static_assert(kWide == (HWY_TARGET <= HWY_AVX2));
+
+// vpmaddubsw: u x s byte products (u unsigned, s signed) summed in adjacent pairs to int16, saturating
+// (the callers keep every pair below 2^15; see the header).
+#if HWY_TARGET <= HWY_AVX2
+#define MEMTRADE_A8_OP(op) _mm256_##op
+#else
+#define MEMTRADE_A8_OP(op) _mm_##op
+#endif
+HWY_INLINE hn::Vec<D16> mul_pairs(hn::Vec<D8> u, hn::Vec<DI8> s) { return hn::Vec<D16>{MEMTRADE_A8_OP(maddubs_epi16)(u.raw, s.raw)}; }
+// psignb: s where t > 0, -s where t < 0, 0 where t == 0.
+HWY_INLINE hn::Vec<DI8> sign_of(hn::Vec<DI8> s, hn::Vec<DI8> t) { return hn::Vec<DI8>{MEMTRADE_A8_OP(sign_epi8)(s.raw, t.raw)}; }
+#undef MEMTRADE_A8_OP
+// int16 lanes summed in adjacent pairs into int32 (vpmaddwd by ones).
+HWY_INLINE V32 widen(hn::Vec<D16> v) {
+  const D32 d32;
+  V32 unused = hn::Zero(d32);
+  return hn::ReorderWidenMulAccumulate(d32, v, hn::Set(D16(), 1), hn::Zero(d32), unused);
+}
+
+// nf4's byte levels as shuffle tables (in registers): |level| (the unsigned operand) and level (its sign),
+// indexed by a nibble.
+struct Nf4Tables {
+  hn::Vec<D8> mag;
+  hn::Vec<DI8> sgn;
+};
+
+// The int32 sums of one block's (kWide: two blocks') nibbles `lo` (even elements) and `hi` (odd ones)
+// against the activation codes xe (evens) and xo (odds): per 128-bit lane, one block.
+template <Format F>
+HWY_INLINE V32 nibble_sums(hn::Vec<D8> lo, hn::Vec<D8> hi, hn::Vec<DI8> xe, hn::Vec<DI8> xo, Nf4Tables t) {
+  if constexpr (F == Format::nf4) {
+    const auto pe = mul_pairs(hn::TableLookupBytes(t.mag, lo), sign_of(xe, hn::TableLookupBytes(t.sgn, hn::BitCast(DI8(), lo))));
+    const auto po = mul_pairs(hn::TableLookupBytes(t.mag, hi), sign_of(xo, hn::TableLookupBytes(t.sgn, hn::BitCast(DI8(), hi))));
+    return hn::Add(widen(pe), widen(po));  // each pair up to 32512: widened separately
+  } else {
+    return widen(hn::Add(mul_pairs(lo, xe), mul_pairs(hi, xo)));
+  }
+}
+
+// One pair of blocks (32 code bytes, 64 activation codes in a8_position order): each block's int32 sum
+// times its scale, in float lanes (the lanes' total is the pair's contribution).
+template <Format F>
+HWY_INLINE VF pair(const uint8_t* codes, const int8_t* xq, const float* xs4, Nf4Tables t) {
+  const D8 d8;
+  const DI8 di8;
+  const DF df;
+  if constexpr (kWide) {
+    const auto c = hn::LoadU(d8, codes);
+    const V32 s = nibble_sums<F>(hn::And(c, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c), hn::LoadU(di8, xq), hn::LoadU(di8, xq + 32), t);
+    return hn::Mul(hn::ConvertTo(df, s), hn::LoadU(df, xs4));  // lanes 0-3 block 0, 4-7 block 1
+  } else {
+    const auto c0 = hn::LoadU(d8, codes), c1 = hn::LoadU(d8, codes + 16);
+    const V32 s0 = nibble_sums<F>(hn::And(c0, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c0), hn::LoadU(di8, xq), hn::LoadU(di8, xq + 32), t);
+    const V32 s1 = nibble_sums<F>(hn::And(c1, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c1), hn::LoadU(di8, xq + 16), hn::LoadU(di8, xq + 48), t);
+    return hn::MulAdd(hn::ConvertTo(df, s1), hn::LoadU(df, xs4 + 4), hn::Mul(hn::ConvertTo(df, s0), hn::LoadU(df, xs4)));
+  }
+}
+
+// One block of int8 codes (natural order): the int32 sums of |q| x (x with q's sign).
+HWY_INLINE V32 int8_block(const int8_t* w, const int8_t* xq) {
+  const DI8 di8;
+  const D8 d8;
+  auto half = [&](int64_t o) {
+    const auto q = hn::LoadU(di8, w + o);
+    return widen(mul_pairs(hn::BitCast(d8, hn::Abs(q)), sign_of(hn::LoadU(di8, xq + o), q)));
+  };
+  if constexpr (kWide) return half(0);
+  else return hn::Add(half(0), half(16));
+}
+#endif
+
+template <Format F>
+void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
+  const int64_t N = L.rows, K = L.cols, gpr = L.groups_per_row, pairs = K / 64;
+  const RowParams P{L, blob, L.spec.double_quant ? load_bytes<float>(blob + L.dq_mean.offset) : 0.f};
+  const int64_t nblocks = (K + kB - 1) / kB;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+  const DF df;
+  HWY_ALIGN uint8_t mag[16];
+  HWY_ALIGN int8_t sgn[16];
+  for (int c = 0; c < 16; ++c) {
+    const int l = nf4_int_level(c, 8);
+    mag[c] = static_cast<uint8_t>(l < 0 ? -l : l);
+    sgn[c] = static_cast<int8_t>(l);
+  }
+#endif
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t r = 0; r < N; ++r) {
+    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+    float out = 0.f;
+    if constexpr (F == Format::int8) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+      const auto* w = reinterpret_cast<const int8_t*>(row);
+      VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+      int64_t b = 0;
+      for (; b + 2 <= K / kB; b += 2) {
+        hwy::Prefetch(row + b * kB + simd::kPrefetchBytes);
+        a0 = hn::MulAdd(hn::ConvertTo(df, int8_block(w + b * kB, a.xq + b * kB)), hn::Set(df, a.xs4[4 * b]), a0);
+        a1 = hn::MulAdd(hn::ConvertTo(df, int8_block(w + (b + 1) * kB, a.xq + (b + 1) * kB)), hn::Set(df, a.xs4[4 * b + 4]), a1);
+      }
+      out = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1))) + natural_blocks(F, row, a, K, b, nblocks);
+#else
+      out = natural_blocks(F, row, a, K, 0, nblocks);
+#endif
+      out *= P.template scale<F>(r, 0);
+    } else {
+      // Whole pairs, group by group; a group is a multiple of 64 elements, or the row (then its tail too).
+      const int64_t per_group = gpr == 1 ? pairs : L.group / 64;
+      int64_t p = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+      const Nf4Tables tables{hn::LoadDup128(D8(), mag), hn::LoadDup128(DI8(), sgn)};
+      VF a0 = hn::Zero(df), a1 = hn::Zero(df);  // sum over pairs of s_g x (the pair's block sums), by lane
+      auto step = [&](int64_t q, VF s, VF& acc) {
+        acc = hn::MulAdd(pair<F>(row + 32 * q, a.xq + 64 * q, a.xs4 + 8 * q, tables), s, acc);
+      };
+      if (per_group == 1) {  // a pair per group (nf4's default g64): two groups per step, two chains
+        for (; p + 2 <= pairs; p += 2) {
+          hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
+          step(p, hn::Set(df, P.template scale<F>(r, p)), a0);
+          step(p + 1, hn::Set(df, P.template scale<F>(r, p + 1)), a1);
+        }
+      } else if (per_group == 2 && gpr > 1) {  // two pairs per group (the default g128): a group per step
+        for (; p + 2 <= pairs; p += 2) {  // (a last group of fewer than two whole pairs is left to the loop below)
+          hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
+          const VF s = hn::Set(df, P.template scale<F>(r, p / 2));
+          step(p, s, a0);
+          step(p + 1, s, a1);
+        }
+      }
+      for (int64_t g = p / std::max<int64_t>(per_group, 1); g < gpr; ++g) {  // the groups left (any size)
+        const VF s = hn::Set(df, P.template scale<F>(r, g));
+        const int64_t p1 = std::min(pairs, p + per_group);
+        for (; p + 2 <= p1; p += 2) {
+          hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
+          step(p, s, a0);
+          step(p + 1, s, a1);
+        }
+        if (p < p1) {
+          hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
+          step(p++, s, a0);
+        }
+      }
+      out = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
+#else
+      for (int64_t g = 0; g < gpr; ++g) {
+        float sum = 0.f;
+        for (const int64_t p1 = std::min(pairs, p + per_group); p < p1; ++p)  // blocks from the layout (a8_position)
+          for (int64_t h = 0; h < 2; ++h) {
+            int32_t t = 0;
+            for (int64_t pos = 0; pos < 64; ++pos)
+              if (a8_position(pos) / kB == h) t += weight_int(F, row, 64 * p + a8_position(pos)) * a.xq[64 * p + pos];
+            sum += a.xs4[4 * (2 * p + h)] * static_cast<float>(t);
+          }
+        out += P.template scale<F>(r, g) * sum;
+      }
+#endif
+      if (2 * pairs < nblocks)  // the row's tail (one group per row)
+        out += P.template scale<F>(r, gpr - 1) * natural_blocks(F, row, a, K, 2 * pairs, nblocks);
+      if constexpr (F == Format::nf4) out *= 1.f / 127.f;
+      else out -= P.template zero_correction<F>(r, a.cs);
+    }
+    y[r] = out;
+  }
+}
+
+void MatvecA8(const QLayout& L, const uint8_t* blob, const int8_t* xq, const float* xs4, const float* cs, float* y) {
+  const Acts a{xq, xs4, cs};
+  switch (L.spec.format) {
+    case Format::int8: return Rows<Format::int8>(L, blob, a, y);
+    case Format::int4: return Rows<Format::int4>(L, blob, a, y);
+    case Format::int4_asym: return Rows<Format::int4_asym>(L, blob, a, y);
+    case Format::nf4: return Rows<Format::nf4>(L, blob, a, y);
+    default: return;  // a8_unsupported() rejected it before dispatch
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::quant::a8
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace memtrade::quant {
+namespace a8 {
+HWY_EXPORT(MatvecA8);
+}  // namespace a8
+
+std::string a8_unsupported(const QLayout& L) {
+  switch (L.spec.format) {
+    case Format::int8: return {};
+    case Format::int4:
+    case Format::int4_asym:
+    case Format::nf4:
+      if (L.group % 64 != 0 && L.groups_per_row > 1)  // one group per row: any length
+        return "the 8-bit-activation path needs 4-bit groups of a multiple of 64 (got " + std::to_string(L.group) + ")";
+      return {};
+    default: return std::string(format_name(L.spec.format)) + " codes are not integers (the 8-bit-activation path takes int8, int4 and nf4's levels)";
+  }
+}
+
+std::size_t a8_workspace_bytes(int64_t K) {
+  const auto blocks = static_cast<std::size_t>((K + kActBlock - 1) / kActBlock);
+  return blocks * 5 * sizeof(float) + blocks * static_cast<std::size_t>(kActBlock);  // xs4, cs, codes
+}
+
+void matvec_a8(const QLayout& L, const uint8_t* blob, const float* x, float* y, void* workspace) {
+  if (const std::string why = a8_unsupported(L); !why.empty()) throw Error("matvec_a8: " + why);
+  MT_CHECK(L.rows > 0 && L.cols > 0 && blob && x && y && workspace, "matvec_a8: empty layout or null pointer");
+  const int64_t K = L.cols, blocks = (K + kActBlock - 1) / kActBlock;
+  auto* xs4 = static_cast<float*>(workspace);
+  float* cs = xs4 + 4 * blocks;
+  auto* xq = reinterpret_cast<int8_t*>(cs + blocks);
+  const bool pairs = L.spec.format != Format::int8;  // 4-bit formats: whole pairs in a8_position order
+  const int64_t G = pairs ? L.group : K;             // every group's last block sets cs[group]
+  double group_sum = 0;  // sum of x^ over the current group, in float64 (exact: at most K x 127 x scale)
+  int16_t q[kActBlock];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t k0 = b * kActBlock, n = std::min(kActBlock, K - k0);
+    float s = 0.f;
+    quantize_activation_block(x + k0, n, 8, q, s);
+    std::fill(xs4 + 4 * b, xs4 + 4 * b + 4, s);
+    if (pairs && b < K / 64 * 2) {  // a block of a whole pair: element i to position 32 (i odd) + 16 h + i / 2
+      int8_t* out = xq + (b / 2) * 64 + 16 * (b % 2);
+      for (int64_t i = 0; i < kActBlock; ++i) out[32 * (i % 2) + i / 2] = static_cast<int8_t>(q[i]);
+    } else {
+      for (int64_t i = 0; i < kActBlock; ++i) xq[k0 + i] = static_cast<int8_t>(i < n ? q[i] : 0);
+    }
+    int64_t qsum = 0;
+    for (int64_t i = 0; i < n; ++i) qsum += q[i];
+    group_sum += static_cast<double>(s) * static_cast<double>(qsum);
+    if ((k0 + n) % G == 0 || k0 + n == K) {  // the block ends a group (G is a multiple of the block)
+      cs[k0 / G] = static_cast<float>(group_sum);
+      group_sum = 0;
+    }
+  }
+  HWY_DYNAMIC_DISPATCH(a8::MatvecA8)(L, blob, xq, xs4, cs, y);
+}
+
+}  // namespace memtrade::quant
+#endif
