@@ -156,6 +156,28 @@ HWY_INLINE VF pair(const uint8_t* codes, const int8_t* xq, const float* xs4, Nf4
   }
 }
 
+// The scales of groups [g, g + 8) of row r: nf4's absmax (under double quantization decoded as
+// nf4_dq_absmax does, bit for bit: the product rounded, then the mean added, then clamped at 0).
+template <Format F>
+HWY_INLINE void absmax8(const RowParams& P, int64_t r, int64_t g, float* out) {
+  const QLayout& L = P.L;
+  const int64_t i = r * L.groups_per_row + g;
+  if (F != Format::nf4 || !L.spec.double_quant || i / nf4_dq_block != (i + 7) / nf4_dq_block) {
+    for (int64_t j = 0; j < 8; ++j) out[j] = P.template scale<F>(r, g + j);
+    return;
+  }
+  const hn::CappedTag<float, 8> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const float s8 = load_bytes<float>(P.blob + L.dq_scales.offset + 4 * (i / nf4_dq_block));
+  for (int64_t j = 0; j < 8; j += static_cast<int64_t>(hn::Lanes(df))) {
+    auto t = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(P.blob + L.scales.offset + i + j)))),
+                     hn::Set(df, s8));
+    asm volatile("" : "+x"(t.raw));  // the product stays rounded: no fma with the addition below
+    hn::StoreU(hn::Max(hn::Add(t, hn::Set(df, P.mean)), hn::Zero(df)), df, out + j);
+  }
+}
+
 // One block of int8 codes (natural order): the int32 sums of |q| x (x with q's sign).
 HWY_INLINE V32 int8_block(const int8_t* w, const int8_t* xq) {
   const DI8 di8;
@@ -216,6 +238,15 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
         acc = hn::MulAdd(pair<F>(row + 32 * q, a.xq + 64 * q, a.xs4 + 8 * q, tables), s, acc);
       };
       if (per_group == 1) {  // a pair per group (nf4's default g64): two groups per step, two chains
+        for (; p + 8 <= pairs; p += 8) {  // nf4-dq: eight absmax decoded in vectors first
+          HWY_ALIGN float sc[8];
+          absmax8<F>(P, r, p, sc);
+          for (int64_t j = 0; j < 8; j += 2) {
+            hwy::Prefetch(row + 32 * (p + j) + simd::kPrefetchBytes);
+            step(p + j, hn::Set(df, sc[j]), a0);
+            step(p + j + 1, hn::Set(df, sc[j + 1]), a1);
+          }
+        }
         for (; p + 2 <= pairs; p += 2) {
           hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
           step(p, hn::Set(df, P.template scale<F>(r, p)), a0);
@@ -256,7 +287,7 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
         out += P.template scale<F>(r, g) * sum;
       }
 #endif
-      if (2 * pairs < nblocks)  // the row's tail (one group per row)
+      if (2 * pairs < nblocks)  // the row's tail (K % 64 elements, in the last group)
         out += P.template scale<F>(r, gpr - 1) * natural_blocks(F, row, a, K, 2 * pairs, nblocks);
       if constexpr (F == Format::nf4) out *= 1.f / 127.f;
       else out -= P.template zero_correction<F>(r, a.cs);
