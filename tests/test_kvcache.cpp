@@ -594,6 +594,45 @@ TEST(Decoder, QuantizedWeightsStayNearTheDenseLogitsAndReadFewerBytes) {
   EXPECT_GT(std::sqrt(err / ref), 0.0) << "the quantized path must differ from the dense one";
 }
 
+TEST(Decoder, Int8ActivationsStayNearTheFloatActivationLogits) {
+  // packed-a8 rounds each projection's input to int8 per block of 32 (at most 0.504 / 127 of the block's
+  // amax per element): the logits move by about that share, not by O(1).
+  const model::Config cfg = test::tiny_model();
+  const auto w = test::test_weights(cfg, 4);
+  const KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};
+  auto dev = make_cpu_device();
+  const datasets::Batch b = test::random_tokens(1, 6, 5);
+  for (const char* fmt : {"int8", "int4", "nf4"}) {
+    ContiguousCache cf(*dev, s), ci(*dev, s);
+    Decoder fl(*dev, cfg, w, cf, quant::parse_spec(fmt)), in(*dev, cfg, w, ci, quant::parse_spec(fmt));
+    in.set_int8_activations(true);
+    const std::vector<int64_t> rf = {cf.add(6)}, ri = {ci.add(6)};
+    std::vector<float> zf(cfg.vocab), zi(cfg.vocab);
+    double err = 0, ref = 0;
+    for (int64_t t = 0; t < 6; ++t) {
+      fl.step(rf, std::vector<int32_t>{b.inputs[t]}, zf.data());
+      in.step(ri, std::vector<int32_t>{b.inputs[t]}, zi.data());
+      for (int64_t v = 0; v < cfg.vocab; ++v) {
+        ASSERT_TRUE(std::isfinite(zi[v])) << fmt;
+        err += std::pow(zi[v] - zf[v], 2);
+        ref += std::pow(zf[v], 2);
+      }
+    }
+    EXPECT_LT(std::sqrt(err / ref), 0.03) << fmt;
+    EXPECT_GT(std::sqrt(err / ref), 0.0) << fmt << ": the int8 activations must change something";
+  }
+  // No integer codes, no int8 activations: a clear refusal.
+  ContiguousCache c1(*dev, s), c2(*dev, s);
+  Decoder dense(*dev, cfg, w, c1), fp8(*dev, cfg, w, c2, quant::parse_spec("fp8-e4m3"));
+  EXPECT_THROW(dense.set_int8_activations(true), Error);
+  try {
+    fp8.set_int8_activations(true);
+    ADD_FAILURE() << "fp8 weights were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not integers"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Decoder, WeightOffloadGivesTheSameLogitsAndMovesEachOffloadedLayerEveryStep) {
   model::Config cfg = test::tiny_model();
   const KvShape s{cfg.layers, cfg.kv_heads, cfg.head_dim(), KvType::f32};

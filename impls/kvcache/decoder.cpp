@@ -7,6 +7,7 @@
 #include "common/blas.hpp"
 #include "impls/kvcache/decode_attention.hpp"
 #include "impls/quant/matvec.hpp"
+#include "impls/quant/simd/matvec_a8.hpp"
 #include "model/layers.hpp"
 
 namespace memtrade::kvcache {
@@ -50,7 +51,10 @@ void Decoder::apply(const Linear& w, const float* X, int64_t B, int64_t out, int
     tmp = Buffer(dev_.memory(), static_cast<std::size_t>(B * out) * 4, Tag::workspace);
     dst = tmp.as<float>();
   }
-  if (B == 1) {
+  if (B == 1 && int8_activations_) {
+    Buffer ws(dev_.memory(), quant::a8_workspace_bytes(in), Tag::workspace);
+    quant::matvec_a8(w.layout, w.at, X, dst, ws.data());
+  } else if (B == 1) {
     quant::matvec_cpu(w.layout, w.at, X, dst);
   } else {
     Buffer ws(dev_.memory(), quant::matmul_workspace_bytes(w.layout, B), Tag::workspace);
@@ -58,6 +62,20 @@ void Decoder::apply(const Linear& w, const float* X, int64_t B, int64_t out, int
   }
   if (accumulate)
     for (int64_t i = 0; i < B * out; ++i) Y[i] += dst[i];
+}
+
+void Decoder::set_int8_activations(bool on) {
+  if (on) {
+    MT_CHECK(!head_.dense, "decoder: int8 activations need a weight format (the fp32 projections have no integer codes)");
+    auto check = [](const Linear& w) {
+      if (const std::string why = quant::a8_unsupported(w.layout); !why.empty())
+        throw Error("decoder: int8 activations: " + why);
+    };
+    for (const auto& layer : layers_)
+      for (const Linear& w : layer) check(w);
+    check(head_);
+  }
+  int8_activations_ = on;
 }
 
 Decoder::Decoder(Device& dev, const Config& c, std::span<const float> params, KvCache& cache,

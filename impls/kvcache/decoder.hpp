@@ -9,7 +9,10 @@
 // multiplied by the quant technique's kernels (matvec at batch 1, panel-dequantizing matmul above), and
 // lm_head is stored in int8 per channel (as GGUF files keep the output matrix in Q8_0); the embedding
 // rows are read from fp32. That is the decode loop of a quantized runtime: its tokens per second and
-// perplexity through the cache, per weight format and KV type.
+// perplexity through the cache, per weight format and KV type. With int8 activations
+// (set_int8_activations) the batch-1 matvecs are the quant technique's packed-a8 kernel instead: each
+// projection's input rounded to int8 per block of 32 and multiplied in integer byte multiply-adds, as
+// llama.cpp's quantized dot products do (W4A8 / W8A8).
 //
 // Weight offload (host_layers > 0): the projections of the first host_layers layers live in the host
 // pool (pinned on CUDA; tag weights), as llama.cpp keeps the layers it does not offload to the GPU;
@@ -49,6 +52,9 @@ class Decoder {
   // request's next token, [reqs x vocab].
   void step(std::span<const int64_t> reqs, std::span<const int32_t> tokens, float* logits);
   const model::Config& config() const { return c_; }
+  // Batch-1 matvecs through packed-a8 (int8 activations) when on. Error when the decoder has no weight
+  // format or a projection's layout is one packed-a8 does not take (quant::a8_unsupported says why).
+  void set_int8_activations(bool on);
   // While set, step() raises amax[KvShape::scale_index(layer, kv, head)] (kv 0: K, 1: V) to the largest
   // |value| of each K and V head vector it caches, and key_channels[(layer * kv_heads + head) * head_dim + i]
   // to the largest |K_i| (NaN when one is NaN); nullptr stops it.
@@ -82,6 +88,7 @@ class Decoder {
   Linear head_;
   double weight_bytes_ = 0;
   int64_t host_layers_ = 0, to_device_ = 0;
+  bool int8_activations_ = false;
   std::vector<float>*kv_amax_ = nullptr, *key_amax_ = nullptr;
   Buffer staging_;
 };

@@ -176,6 +176,7 @@ struct QualityProblem final : Problem {
   std::shared_ptr<const model::PretrainedText> data;
   KvShape shape;
   std::optional<quant::Spec> weights;  // projections' format (none: fp32)
+  bool int8_activations = false;       // batch-1 matvecs through packed-a8
   datasets::Batch windows;            // batch x seq validation tokens
   std::vector<double> full_losses;    // per (row, position), from the full-sequence fp32 forward
   int64_t block = 16, hot_tokens = 256, host_layers = 0;
@@ -192,6 +193,7 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   MT_CHECK(p->host_layers <= cfg.layers, "kvcache_model: host_layers " + std::to_string(p->host_layers) +
                                              " is more than the model's " + std::to_string(cfg.layers) + " layers");
   if (const std::string w = c.text("weights", "fp32"); w != "fp32") p->weights = quant::parse_spec(w);
+  p->int8_activations = c.text("activations", "fp32") == "int8";
   const int64_t batch = c.integer("batch", 4), seq = c.integer("seq", 128);
   p->windows = datasets::sample_batch(p->data->val(), batch, seq,
                                       static_cast<uint64_t>(c.integer("seed", 1)) + 1000, 0);
@@ -244,6 +246,7 @@ class QualityWorkload final : public Workload {
       cache_ = std::make_unique<ContiguousCache>(dev, p.shape);
     }
     decoder_ = std::make_unique<Decoder>(dev, p.data->model.cfg, p.data->model.params, *cache_, p.weights, host_layers);
+    decoder_->set_int8_activations(p.int8_activations);
   }
   void run() override {
     if (offload_) offload_->reset_traffic();
@@ -624,6 +627,10 @@ void register_technique(Registry& r) {
                    "training windows)",
                    nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
+        text_param("activations",
+                   "inputs of the batch-1 matvecs: fp32 (the packed kernels) or int8 (packed-a8: rounded per block "
+                   "of 32 and multiplied in integer byte multiply-adds, llama.cpp's W4A8 / W8A8; needs a weight format)",
+                   "fp32", {"fp32", "int8"}),
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
         int_param("block", "tokens per block of the paged cache", 16),
@@ -676,6 +683,8 @@ void register_technique(Registry& r) {
     t.validate = [](const Case& c) {
       parse_kv_type(c.text("kv_dtype"));
       if (c.text("weights", "fp32") != "fp32") quant::parse_spec(c.text("weights"));
+      MT_CHECK(c.text("activations", "fp32") == "fp32" || c.text("weights", "fp32") != "fp32",
+               "case " + c.id + ": activations int8 needs a weight format (weights is fp32)");
     };
     t.prepare = prepare_quality;
     add_layouts<QualityProblem, QualityWorkload>(t, "decoder over per-request reserved ranges",
