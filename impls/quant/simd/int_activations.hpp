@@ -5,6 +5,7 @@
 // plus the rounding of x / scale), so each output moves by at most sum_k 0.504 s_b(k) |w_k|.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -31,6 +32,31 @@ IntActivations quantize_activations(const float* x, int64_t K, int bits);
 
 // One block of n <= kActBlock elements: codes q[0..n) and the block's scale; returns the block's max_err.
 double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q, float& scale);
+
+// The kernels' preparation of x: every block rounded (quantize_activation_block) and handed to
+// place(b, q, n, scale) (block b's n codes in q, padded with zeros to kActBlock), and the sum of x^ over
+// each group of G elements (G a multiple of kActBlock, or K: one group) in cs[group], summed in float64
+// (exact: at most K x 2^15 x scale) and rounded once.
+template <class Place>
+void round_blocks(const float* x, int64_t K, int bits, int64_t G, float* cs, Place&& place) {
+  const int64_t blocks = (K + kActBlock - 1) / kActBlock;
+  double group_sum = 0;
+  int16_t q[kActBlock];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t k0 = b * kActBlock, n = std::min(kActBlock, K - k0);
+    float s = 0.f;
+    quantize_activation_block(x + k0, n, bits, q, s);
+    std::fill(q + n, q + kActBlock, int16_t{0});
+    place(b, q, n, s);
+    int64_t qsum = 0;
+    for (int64_t i = 0; i < n; ++i) qsum += q[i];
+    group_sum += static_cast<double>(s) * static_cast<double>(qsum);
+    if ((k0 + n) % G == 0 || k0 + n == K) {  // the block ends a group
+      cs[k0 / G] = static_cast<float>(group_sum);
+      group_sum = 0;
+    }
+  }
+}
 
 // Per output row, the most the activation rounding can move y: sum_k max_err[k / kActBlock] |Wd[r, k]|,
 // with Wd the dequantized weights [N x K] (row-major).

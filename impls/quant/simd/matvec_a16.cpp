@@ -299,29 +299,18 @@ void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y,
   auto* xs = reinterpret_cast<float*>(xq + blocks * kA16Block);
   float* cs = xs + blocks;
   const int64_t G = L.spec.format == Format::int8 ? K : L.group;  // every group's last block sets cs[group]
-  double group_sum = 0;  // sum of x^ over the current group, in float64 (exact: at most K x 2^15 x scale)
-  int16_t q[kA16Block];
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t k0 = b * kA16Block, n = std::min(kA16Block, K - k0);
-    quantize_activation_block(x + k0, n, 16, q, xs[b]);
-    int16_t* out = xq + k0;
-    if (n == kA16Block && a16::four_bit_order(L)) {  // evens, then odds: the nibbles' order in code bytes
+  const bool evens_first = a16::four_bit_order(L);  // whole blocks: evens, then odds (the nibbles' order in code bytes)
+  round_blocks(x, K, 16, G, cs, [&](int64_t b, const int16_t* q, int64_t n, float s) {
+    xs[b] = s;
+    int16_t* out = xq + b * kA16Block;
+    if (n == kA16Block && evens_first)
       for (int64_t i = 0; i < kA16Block / 2; ++i) {
         out[i] = q[2 * i];
         out[kA16Block / 2 + i] = q[2 * i + 1];
       }
-    } else {
-      std::copy(q, q + n, out);
-      std::fill(out + n, out + kA16Block, int16_t{0});
-    }
-    int64_t qsum = 0;
-    for (int64_t i = 0; i < n; ++i) qsum += q[i];
-    group_sum += static_cast<double>(xs[b]) * static_cast<double>(qsum);
-    if ((k0 + n) % G == 0 || k0 + n == K) {  // the block ends a group (G is a multiple of the block)
-      cs[k0 / G] = static_cast<float>(group_sum);
-      group_sum = 0;
-    }
-  }
+    else
+      std::copy(q, q + kA16Block, out);
+  });
   if (L.spec.format == Format::nf4)  // whole pairs of blocks in the kernel's order (a16_nf4_position)
     for (int64_t k0 = 0; k0 + 64 <= K; k0 += 64) {
       int16_t pair[64];

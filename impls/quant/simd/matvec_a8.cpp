@@ -344,27 +344,15 @@ void matvec_a8(const QLayout& L, const uint8_t* blob, const float* x, float* y, 
   auto* xq = reinterpret_cast<int8_t*>(cs + blocks);
   const bool pairs = L.spec.format != Format::int8;  // 4-bit formats: whole pairs in a8_position order
   const int64_t G = pairs ? L.group : K;             // every group's last block sets cs[group]
-  double group_sum = 0;  // sum of x^ over the current group, in float64 (exact: at most K x 127 x scale)
-  int16_t q[kActBlock];
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t k0 = b * kActBlock, n = std::min(kActBlock, K - k0);
-    float s = 0.f;
-    quantize_activation_block(x + k0, n, 8, q, s);
+  round_blocks(x, K, 8, G, cs, [&](int64_t b, const int16_t* q, int64_t, float s) {
     std::fill(xs4 + 4 * b, xs4 + 4 * b + 4, s);
     if (pairs && b < K / 64 * 2) {  // a block of a whole pair: element i to position 32 (i odd) + 16 h + i / 2
       int8_t* out = xq + (b / 2) * 64 + 16 * (b % 2);
       for (int64_t i = 0; i < kActBlock; ++i) out[32 * (i % 2) + i / 2] = static_cast<int8_t>(q[i]);
     } else {
-      for (int64_t i = 0; i < kActBlock; ++i) xq[k0 + i] = static_cast<int8_t>(i < n ? q[i] : 0);
+      for (int64_t i = 0; i < kActBlock; ++i) xq[b * kActBlock + i] = static_cast<int8_t>(q[i]);
     }
-    int64_t qsum = 0;
-    for (int64_t i = 0; i < n; ++i) qsum += q[i];
-    group_sum += static_cast<double>(s) * static_cast<double>(qsum);
-    if ((k0 + n) % G == 0 || k0 + n == K) {  // the block ends a group (G is a multiple of the block)
-      cs[k0 / G] = static_cast<float>(group_sum);
-      group_sum = 0;
-    }
-  }
+  });
   HWY_DYNAMIC_DISPATCH(a8::MatvecA8)(L, blob, xq, xs4, cs, y);
 }
 
