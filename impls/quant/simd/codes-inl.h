@@ -1,4 +1,4 @@
-// Vector decodes of 8-bit codes (int8, OCP fp8) shared by the Highway kernels that read them: the quant
+// Vector decodes of 8-bit codes (int8, OCP fp8) and of nf4-dq absmax, shared by the Highway kernels that read them: the quant
 // matvecs and the KV cache's decode attention. Per-target header (Highway's -inl.h pattern): include it
 // after <hwy/highway.h> in a file compiled with foreach_target; the helpers live in
 // memtrade::quant::simd::HWY_NAMESPACE.
@@ -69,6 +69,30 @@ HWY_INLINE float scale_f16(const uint8_t* p) {
   const hn::CappedTag<float, 1> d1;
   const hn::Rebind<hwy::float16_t, decltype(d1)> dh;
   return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
+// nf4 double quantization: the absmax of the eight groups i .. i + 7 (flat indices) decoded as nf4_dq_absmax
+// does, bit for bit (the product rounded, then the mean added, then clamped at 0), in vectors where the
+// eight share a block of nf4_dq_block, one by one otherwise.
+HWY_INLINE void nf4_dq_absmax8(const QLayout& L, const uint8_t* blob, float mean, int64_t i, float* out) {
+  const auto* q8 = reinterpret_cast<const int8_t*>(blob + L.scales.offset + i);
+#if HWY_TARGET != HWY_SCALAR && HWY_ARCH_X86
+  if (i / nf4_dq_block == (i + 7) / nf4_dq_block) {
+    namespace hn = hwy::HWY_NAMESPACE;
+    const float s8 = load_bytes<float>(blob + L.dq_scales.offset + 4 * (i / nf4_dq_block));
+    const hn::CappedTag<float, 8> df;
+    const hn::Rebind<int32_t, decltype(df)> di;
+    const hn::Rebind<int8_t, decltype(df)> d8;
+    for (int64_t j = 0; j < 8; j += static_cast<int64_t>(hn::Lanes(df))) {
+      auto t = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, q8 + j))), hn::Set(df, s8));
+      asm volatile("" : "+x"(t.raw));  // the product stays rounded: no fma with the addition below
+      hn::StoreU(hn::Max(hn::Add(t, hn::Set(df, mean)), hn::Zero(df)), df, out + j);
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < 8; ++j)
+    out[j] = nf4_dq_absmax(q8[j], load_bytes<float>(blob + L.dq_scales.offset + 4 * ((i + j) / nf4_dq_block)), mean);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -156,26 +156,12 @@ HWY_INLINE VF pair(const uint8_t* codes, const int8_t* xq, const float* xs4, Nf4
   }
 }
 
-// The scales of groups [g, g + 8) of row r: nf4's absmax (under double quantization decoded as
-// nf4_dq_absmax does, bit for bit: the product rounded, then the mean added, then clamped at 0).
+// The scales of groups [g, g + 8) of row r (nf4-dq's decoded in vectors).
 template <Format F>
 HWY_INLINE void absmax8(const RowParams& P, int64_t r, int64_t g, float* out) {
-  const QLayout& L = P.L;
-  const int64_t i = r * L.groups_per_row + g;
-  if (F != Format::nf4 || !L.spec.double_quant || i / nf4_dq_block != (i + 7) / nf4_dq_block) {
-    for (int64_t j = 0; j < 8; ++j) out[j] = P.template scale<F>(r, g + j);
-    return;
-  }
-  const hn::CappedTag<float, 8> df;
-  const hn::Rebind<int32_t, decltype(df)> di;
-  const hn::Rebind<int8_t, decltype(df)> d8;
-  const float s8 = load_bytes<float>(P.blob + L.dq_scales.offset + 4 * (i / nf4_dq_block));
-  for (int64_t j = 0; j < 8; j += static_cast<int64_t>(hn::Lanes(df))) {
-    auto t = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(P.blob + L.scales.offset + i + j)))),
-                     hn::Set(df, s8));
-    asm volatile("" : "+x"(t.raw));  // the product stays rounded: no fma with the addition below
-    hn::StoreU(hn::Max(hn::Add(t, hn::Set(df, P.mean)), hn::Zero(df)), df, out + j);
-  }
+  if (F == Format::nf4 && P.L.spec.double_quant)
+    return quant::simd::HWY_NAMESPACE::nf4_dq_absmax8(P.L, P.blob, P.mean, r * P.L.groups_per_row + g, out);
+  for (int64_t j = 0; j < 8; ++j) out[j] = P.template scale<F>(r, g + j);
 }
 
 // One block of int8 codes (natural order): the int32 sums of |q| x (x with q's sign).
