@@ -211,8 +211,11 @@ void MatvecA16Nf4(const QLayout& L, const uint8_t* blob, const int16_t* xq, cons
     HWY_ALIGN float ab[8];  // nf4-dq: the absmax of groups [g8, g8 + 8), decoded in vectors
     int64_t g8 = -8;
     for (int64_t g = 0, p = 0; p < pairs; ++g) {
-      if (kDq && g >= g8 + 8 && g + 8 <= gpr) quant::simd::HWY_NAMESPACE::nf4_dq_absmax8(L, blob, mean, r * gpr + (g8 = g), ab);
-      const float a = kDq && g < g8 + 8 ? ab[g - g8] : absmax(r * gpr + g);
+      if (kDq && g >= g8 + 8 && g + 8 <= gpr) {
+        g8 = g;
+        quant::simd::HWY_NAMESPACE::nf4_dq_absmax8(L, blob, mean, r * gpr + g, ab);
+      }
+      const float a = kDq && g < g8 + 8 ? ab[g - g8] : absmax(r * gpr + g);  // the row's last groups one by one
       for (const int64_t p1 = std::min(pairs, p + per_group); p < p1; ++p) {
         hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
         const float s[2] = {a * xs[2 * p], a * xs[2 * p + 1]};
