@@ -81,6 +81,59 @@ TEST(AttentionMath, ExpApproxIsAccurateAndExactAtTheEnds) {
   EXPECT_TRUE(std::isnan(exp_approx(NAN)));
 }
 
+// exp_approx's steps with each multiply-add fused (one rounding) or not (the product rounded first).
+// Highway's MulAdd fuses on targets with FMA (AVX2, AVX-512, NEON, SVE) and not on the others; the
+// scalar host code follows the compiler's contraction. Either way the result may differ in the last bit.
+static float exp_approx_model(float x, bool fused) {
+  const auto mul_add = [fused](float a, float b, float c) {
+    if (fused) return std::fma(a, b, c);
+    volatile float product = a * b;  // rounded: not contracted into an fma with the addition
+    return product + c;
+  };
+  if (std::isnan(x)) return x;
+  if (x < -87.3f) return 0.f;
+  const float k = std::floor(mul_add(x, 1.44269504088896341f, 0.5f));
+  const float r = mul_add(-k, 1.42860682030941723e-6f, mul_add(-k, 0.693145751953125f, x));
+  float p = 1.f / 5040.f;
+  for (const float coef : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = mul_add(p, r, coef);
+  return p * std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(k) + 127) << 23);
+}
+
+// The kernels' vector exp on every target: the model's bits (fused where the target has FMA), within an
+// ulp of exp_approx, over exp's range (x log2(e) + 0.5 at and beside each integer included), at and
+// beyond both ends, -inf and NaN.
+TEST(AttentionMath, VectorExpIsExpApproxOnEveryTarget) {
+  std::vector<float> x;
+  for (float v = -90.f; v <= 88.5f; v += 0.0123f) x.push_back(v);
+  for (int k = -130; k <= 127; ++k) {
+    const float t = (static_cast<float>(k) - 0.5f) / 1.44269504088896341f;
+    for (float v : {t, std::nextafter(t, -INFINITY), std::nextafter(t, INFINITY)}) x.push_back(v);
+  }
+  for (float v : {-87.3f, std::nextafter(-87.3f, -INFINITY), std::nextafter(-87.3f, 0.f), -1e30f, -0.f, 0.f,
+                  1e-30f, -INFINITY, NAN, -3.4e38f})
+    x.push_back(v);
+  std::vector<float> y(x.size());
+  int targets = 0;
+  for_each_simd_target([&](int64_t t) {
+    ++targets;
+    const std::string name = memtrade::simd::name_of(t);
+    const bool fused = name.find("AVX") != std::string::npos || name.find("NEON") != std::string::npos ||
+                       name.find("SVE") != std::string::npos;
+    attention::simd::exp_approx_lanes(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float model = exp_approx_model(x[i], fused), scalar = exp_approx(x[i]);
+      if (std::isnan(scalar)) {
+        EXPECT_TRUE(std::isnan(y[i])) << "x = " << x[i];
+        continue;
+      }
+      EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(model)) << "x = " << x[i] << ": " << y[i] << " vs " << model;
+      if (std::isinf(scalar)) EXPECT_EQ(y[i], scalar) << "x = " << x[i];
+      else EXPECT_LE(std::abs(y[i] - scalar), std::abs(std::nextafter(scalar, INFINITY) - scalar)) << "x = " << x[i];
+    }
+  });
+  EXPECT_GE(targets, 1);
+}
+
 TEST(AttentionMath, OnlineSoftmaxOverTilesEqualsOneShotSoftmax) {
   // Scores near 1e4: a softmax without the max subtraction overflows.
   const float scores[10] = {1e4f, 9990.f, -INFINITY, 10003.f, 1e4f, 9999.5f, -INFINITY, 9980.f, 10002.f, 9000.f};

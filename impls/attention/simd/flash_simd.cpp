@@ -113,7 +113,7 @@ void Gemm(int m, int n, int k, const float* a, int64_t ars, int64_t aks, const f
     }
 }
 
-// tile_math.hpp's exp_approx, lane for lane (exp-inl.h).
+// tile_math.hpp's exp_approx, step for step (exp-inl.h).
 HWY_INLINE VF Exp(DF df, VF x) { return memtrade::simd::HWY_NAMESPACE::ExpApprox(df, x); }
 
 // One key tile of the online softmax in the transposed layout sT[key][query] (queries across the vector):
@@ -126,8 +126,13 @@ HWY_INLINE void SoftmaxTileT(float* HWY_RESTRICT sT, int cols, float* m, float* 
   const VF ninf = hn::Set(df, -INFINITY);
   for (int i = 0; i < BR; i += N) {
     const VF m_old = hn::LoadU(df, m + i);
-    VF mx = m_old;
-    for (int j = 0; j < cols; ++j) mx = hn::Max(mx, hn::LoadU(df, sT + j * BR + i));
+    // Four independent max chains: one chain over the tile's keys would wait on Max's latency each key.
+    VF mx4[4] = {m_old, m_old, m_old, m_old};
+    int j = 0;
+    for (; j + 4 <= cols; j += 4)
+      for (int u = 0; u < 4; ++u) mx4[u] = hn::Max(mx4[u], hn::LoadU(df, sT + (j + u) * BR + i));
+    for (; j < cols; ++j) mx4[0] = hn::Max(mx4[0], hn::LoadU(df, sT + j * BR + i));
+    const VF mx = hn::Max(hn::Max(mx4[0], mx4[1]), hn::Max(mx4[2], mx4[3]));
     const auto dead = hn::Eq(mx, ninf);
     const VF cv = hn::IfThenElse(dead, hn::Set(df, 1.f), Exp(df, hn::Sub(m_old, mx)));
     VF sum = hn::Zero(df);
@@ -383,6 +388,19 @@ void Backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, i
   ByDtype(s.dtype, [&](auto tag) { Kernel<decltype(tag)>(s, scale, b, ws, slots).backward(lse, delta, passes); });
 }
 
+void ExpLanes(const float* x, float* y, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float buf[hn::MaxLanes(df)];
+  for (int64_t i = 0; i < n; i += N) {
+    const int64_t len = std::min(N, n - i);
+    std::fill_n(buf, N, 0.f);
+    std::copy_n(x + i, len, buf);
+    hn::Store(Exp(df, hn::Load(df, buf)), df, buf);
+    std::copy_n(buf, len, y + i);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace memtrade::attention::simd
 HWY_AFTER_NAMESPACE();
@@ -392,6 +410,7 @@ namespace memtrade::attention::simd {
 
 HWY_EXPORT(Forward);
 HWY_EXPORT(Backward);
+HWY_EXPORT(ExpLanes);
 
 void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse) {
   HWY_DYNAMIC_DISPATCH(Forward)(s, scale, b, ws, slots, lse);
@@ -400,6 +419,7 @@ void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float*
                     const float* lse, float* delta, BackwardPasses passes) {
   HWY_DYNAMIC_DISPATCH(Backward)(s, scale, b, ws, slots, lse, delta, passes);
 }
+void exp_approx_lanes(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpLanes)(x, y, n); }
 
 }  // namespace memtrade::attention::simd
 #endif

@@ -6,7 +6,7 @@
 // Every tile product is one register-blocked kernel, C = init + A B with A read by broadcast and B by
 // vector loads (R rows x CV vectors of accumulators, sized for the target's register file); the online
 // softmax, the recomputed probabilities and the score gradients are vectorized with a polynomial exp
-// (tile_math.hpp's exp_approx, lane for lane).
+// (tile_math.hpp's exp_approx, step for step).
 #pragma once
 
 #include <cstdint>
@@ -25,5 +25,8 @@ enum class BackwardPasses { automatic, one, two };
 void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
 void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
                     const float* lse, float* delta, BackwardPasses passes = BackwardPasses::automatic);
+
+// y[i] = the kernels' vector exp of x[i] on the dispatched target (for tests against exp_approx).
+void exp_approx_lanes(const float* x, float* y, int64_t n);
 
 }  // namespace memtrade::attention::simd

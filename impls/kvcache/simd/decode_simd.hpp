@@ -7,7 +7,7 @@
 // cache): the chunk's scores for every query head of the group (two tokens x up to four query heads of
 // register-blocked dot products, each K record decoded in registers once for all of them, the lane sums
 // of four products at a time), one online-softmax step per query head (vector exp: tile_math.hpp's
-// exp_approx lane for lane), then the chunk's values added into the output (several vectors of output
+// exp_approx step for step), then the chunk's values added into the output (several vectors of output
 // columns held in registers across the chunk, each V record decoded once for the query heads). Per-record
 // scales (int8, fp8-e4m3) multiply the scores and the softmax weights, not the elements; int4 records are
 // decoded to fp32 first. The score loop prefetches the next chunk's records of the same KV head into L2,
