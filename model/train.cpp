@@ -14,6 +14,7 @@
 #include "impls/attention/attention.hpp"
 #include "common/blas.hpp"
 #include "common/simd/convert.hpp"
+#include "common/simd/grad_add.hpp"
 #include "model/cpu_adam.hpp"
 #include "model/layers.hpp"
 #include "model/train_core.hpp"
@@ -206,15 +207,24 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 #pragma omp parallel for num_threads(threads()) reduction(+ : nonzero, under)
     for (int64_t c = 0; c < m * n; c += width_) {
       const int64_t len = std::min(width_, m * n - c);
-      C* g = slot(0);
-      load_row(grad + c, g, len);
-      for (int64_t i = c; i < c + len; ++i) {
-        const float v = static_cast<float>(r[i]);
-        nonzero += v != 0.f;
-        under += v != 0.f && f16_rounds_to_zero(v);
-        g[i - c] += r[i];
+      if constexpr (std::is_same_v<C, float>) {  // in vectors; fp32 gradients in place
+        C* g = std::is_same_v<S, float> ? reinterpret_cast<C*>(grad + c) : slot(0);
+        if constexpr (kNarrow) load_row(grad + c, g, len);
+        const simd::GradAddCounts k = simd::grad_add(r + c, g, len);
+        nonzero += k.nonzero;
+        under += k.f16_underflow;
+        if constexpr (kNarrow) store_row(g, grad + c, len);
+      } else {
+        C* g = slot(0);
+        load_row(grad + c, g, len);
+        for (int64_t i = c; i < c + len; ++i) {
+          const float v = static_cast<float>(r[i]);
+          nonzero += v != 0.f;
+          under += v != 0.f && f16_rounds_to_zero(v);
+          g[i - c] += r[i];
+        }
+        store_row(g, grad + c, len);
       }
-      store_row(g, grad + c, len);
     }
     if (s) {
       s->grad_nonzero += nonzero;

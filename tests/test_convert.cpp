@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "common/dtype.hpp"
 #include "common/simd/convert.hpp"
+#include "common/simd/grad_add.hpp"
 #include "common/simd/targets.hpp"
 
 using namespace memtrade;
@@ -59,6 +61,42 @@ TEST(Convert, BulkConversionsEqualTheScalarOnesOnEveryTarget) {
         ADD_FAILURE() << target << " 0x" << std::hex << f32bits[i] << " -> fp16 0x" << nh[i].bits;
         ++bad;
       }
+    }
+  }
+  simd::restrict_to(0);
+}
+
+// grad_add (common/simd/grad_add.hpp) on every target: the scalar loop's sums bit for bit and its counts
+// exactly, over contributions at and beside fp16's round-to-zero threshold 2^-25, zeros of both signs,
+// subnormals, NaN and Inf, random patterns, and lengths that leave every tail size.
+TEST(GradAdd, SumsAndCountsEqualTheScalarLoopOnEveryTarget) {
+  const float t = 0x1p-25f;
+  std::vector<float> special = {0.f, -0.f, t, -t, std::nextafter(t, 1.f), -std::nextafter(t, 1.f), std::nextafter(t, 0.f),
+                                1e-45f, -1e-45f, 1.f, -3.5f, INFINITY, -INFINITY, NAN, 6e-8f, 3e-8f};
+  std::mt19937 rng(11);
+  std::vector<float> r, g0;
+  for (int i = 0; i < 4099; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    float v;
+    std::memcpy(&v, &bits, 4);
+    r.push_back(i % 3 == 0 ? special[static_cast<size_t>(i / 3) % special.size()] : (i % 3 == 1 ? v : std::ldexp(v, -100)));
+    g0.push_back(static_cast<float>(i % 7) - 3.f);
+  }
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 33, 4099}) {
+    std::vector<float> want = g0;
+    int64_t nonzero = 0, under = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      nonzero += r[i] != 0.f;
+      under += r[i] != 0.f && f16_rounds_to_zero(r[i]);
+      want[i] += r[i];
+    }
+    for (int64_t target : simd::available_targets()) {
+      simd::restrict_to(target);
+      std::vector<float> got = g0;
+      const simd::GradAddCounts c = simd::grad_add(r.data(), got.data(), n);
+      EXPECT_EQ(c.nonzero, nonzero) << simd::name_of(target) << " n=" << n;
+      EXPECT_EQ(c.f16_underflow, under) << simd::name_of(target) << " n=" << n;
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << simd::name_of(target) << " n=" << n;
     }
   }
   simd::restrict_to(0);
