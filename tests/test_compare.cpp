@@ -217,6 +217,12 @@ TEST(Compare, UntrackedBytesGrowthBeyondTheAllowanceIsARegression) {
   CompareOptions loose;
   loose.untracked_allowance_bytes = 4 << 20;
   EXPECT_EQ(compare_results(base, cur, loose).regressions, 0);
+  // Shrinking is "improved" only beyond the same allowance: 32 B less is "ok".
+  cur.cases[1].counters["untracked_bytes"] = 0;
+  base.cases[1].counters["untracked_bytes"] = 32;
+  EXPECT_EQ(row_of(compare_results(base, cur, {}), "gemm/n=128,dtype=fp32/openblas", "untracked_bytes")->verdict, "ok");
+  base.cases[1].counters["untracked_bytes"] = 65537;
+  EXPECT_EQ(row_of(compare_results(base, cur, {}), "gemm/n=128,dtype=fp32/openblas", "untracked_bytes")->verdict, "improved");
 }
 
 TEST(Compare, CountersTheBaselineLacksAreListedAsNew) {
