@@ -35,7 +35,7 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<DI> TruncateToInt(DI di, VF k) {
 }
 
 // 0 below -87.3 (and for -inf), NaN stays NaN. Lanes below -87.3 are computed unclamped and then
-// zeroed (the scalar clamps first): every other lane is the scalar's x, so the bits agree.
+// zeroed, where the scalar clamps first; every other lane starts from the same x as the scalar's.
 template <class DF, class VF = hwy::HWY_NAMESPACE::Vec<DF>>
 HWY_INLINE VF ExpApprox(DF df, VF x) {
   namespace hn = hwy::HWY_NAMESPACE;

@@ -1,6 +1,6 @@
 // Vector decodes of 8-bit codes (int8, OCP fp8) and of nf4-dq absmax, shared by the Highway kernels that
-// read them: the quant matvecs and the KV cache's decode attention. Per-target header (Highway's -inl.h pattern): include it
-// after <hwy/highway.h> in a file compiled with foreach_target; the helpers live in
+// read them: the quant matvecs and the KV cache's decode attention. Per-target header (Highway's -inl.h
+// pattern): include it after <hwy/highway.h> in a file compiled with foreach_target; the helpers live in
 // memtrade::quant::simd::HWY_NAMESPACE.
 #if defined(MEMTRADE_QUANT_SIMD_CODES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MEMTRADE_QUANT_SIMD_CODES_INL_H_
