@@ -124,6 +124,10 @@ struct ErrorRule {
   // abs), derived per case, added to the tolerance's floor. Unset or 0: no allowance.
   std::function<double(const Case&, const Problem&, const Impl&)> approximation;
   std::function<Verdict(const Case&, const Problem&, const Impl&, const ErrorStats& err, const ErrorStats& ref)> judge;
+  // Outputs judged one by one (attention: o, dq, dk, dv): an optimized implementation's output P is held to
+  // the rule against the reference's output P (counters max_abs_err_P, rel_l2_err_P), not its worst output
+  // against the reference's worst, which can be another output. Empty: the whole-record statistics.
+  std::vector<std::string> parts;
 };
 
 struct Technique {

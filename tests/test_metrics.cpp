@@ -6,6 +6,7 @@
 #include "common/common.hpp"
 #include "harness/metrics.hpp"
 #include "harness/registry.hpp"
+#include "harness/runner.hpp"
 
 using namespace memtrade;
 
@@ -109,4 +110,43 @@ TEST(Metrics, ApproximationAllowanceWidensTheFloorOfItsImplementationOnly) {
   opt.max_abs = 0;
   opt.nan_count = 1;  // NaN fails whatever the allowance
   EXPECT_FALSE(judge_error(t, c, p, approx, opt, ref).pass);
+}
+
+// With parts (attention's o, dq, dk, dv) each output is held to the rule against the same output of the
+// reference: an optimized O error of 3e-3 passes against a reference O error of 2e-3 even when the
+// reference's worst output (dq, by relative L2) has a max abs error of only 1e-3.
+TEST(Metrics, PartsAreJudgedAgainstTheSameOutputOfTheReference) {
+  Technique t;
+  t.error_rule.parts = {"o", "dq"};
+  Impl ref_impl, opt_impl;
+  ref_impl.role = Role::reference;
+  opt_impl.role = Role::optimized;
+  Case c;
+  c.id = "case";
+  const Problem p;
+  Record ref;
+  ref.kase = c;
+  ref.role = Role::reference;
+  ref.counters = {{"max_abs_err", 1e-3}, {"rel_l2_err", 2e-3}, {"max_abs_err_o", 2e-3}, {"rel_l2_err_o", 1e-3},
+                  {"max_abs_err_dq", 1e-3}, {"rel_l2_err_dq", 2e-3}};
+  Record opt;
+  opt.kase = c;
+  opt.role = Role::optimized;
+  opt.counters = {{"max_abs_err", 3e-3}, {"rel_l2_err", 3e-3}, {"max_abs_err_o", 3e-3}, {"rel_l2_err_o", 3e-3},
+                  {"max_abs_err_dq", 1.5e-3}, {"rel_l2_err_dq", 2e-3}};
+  const std::vector<Record> earlier = {ref};
+  judge_record(t, opt_impl, c, p, earlier, opt);
+  EXPECT_EQ(opt.counter("error_ok"), 1) << opt.detail;
+
+  opt.counters["max_abs_err_dq"] = 2.5e-3;  // beyond 2 x 1e-3 + 1e-5: dq fails on its own
+  opt.detail.clear();
+  judge_record(t, opt_impl, c, p, earlier, opt);
+  EXPECT_EQ(opt.counter("error_ok"), 0);
+  EXPECT_NE(opt.detail.find("dq: "), std::string::npos) << opt.detail;
+
+  t.error_rule.parts.clear();  // without parts: the whole-record statistics, worst against worst
+  opt.counters["max_abs_err_dq"] = 1.5e-3;
+  opt.detail.clear();
+  judge_record(t, opt_impl, c, p, earlier, opt);
+  EXPECT_EQ(opt.counter("error_ok"), 0);
 }

@@ -233,6 +233,7 @@ void register_technique(Registry& r) {
     return 8 * unit_roundoff(s.dtype) +
            unit_roundoff(DType::f32) * (std::sqrt(static_cast<double>(s.d)) + std::sqrt(static_cast<double>(s.n_kv)));
   };
+  t.error_rule.parts = {"o", "dq", "dk", "dv"};  // FlashAttention's rule: each output against the reference's
   t.schema.metrics = {
       {"rel_l2_err_*", "1", Better::lower, Gate::ratio, 2, 1e-6, "relative L2 error of one output (o, dq, dk, dv)"},
       {"max_abs_err_*", "1", Better::lower, Gate::report, 0, 0, "max abs error of one output (order-dependent)"},
