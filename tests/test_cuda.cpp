@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "app/techniques.hpp"
 #include "attention_check.hpp"
@@ -9,6 +10,7 @@
 #include "gemm_check.hpp"
 #include "harness/runner.hpp"
 #include "impls/attention/attention.hpp"
+#include "impls/attention/tile_math.hpp"
 #include "model/model.hpp"
 #include "model/train.hpp"
 #include "impls/quant/calibration.hpp"
@@ -73,6 +75,65 @@ const Impl& attention_impl(const std::string& name) {
     if (i.name == name && i.backend == Backend::cuda) return i;
   throw Error("no CUDA attention impl " + name);
 }
+
+// How much the flash backward's use of the stored O moves dQ and dK. Like FlashAttention-2, it takes
+// delta_i = dO_i . O_i from O as written in the dtype, where the naive reference keeps O in fp32. The
+// rounding changes delta_i by e_i = dO_i . (round(O_i) - O_i), which enters dS_ij = P_ij (dP_ij - delta_i):
+// dQ_i moves by scale e_i sum_j P_ij K_j and dK_j by scale sum_i P_ij e_i Q_i (i over the query heads of
+// K's group). Computed here in float64 from the inputs and the exact O rounded to the dtype; returns the
+// largest move of any element of dQ and of dK ({0, 0} for fp32, whose stored O is the fp32 O).
+std::pair<double, double> stored_o_move(const attention::AttnProblem& p) {
+  const attention::Dims& s = p.s;
+  if (s.dtype == DType::f32) return {0, 0};
+  const double scale = s.scale();
+  double dq_max = 0, dk_max = 0;
+  std::vector<double> dk_err(s.n_kv * s.d), prob(s.n_kv), o(s.d);
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t hk = 0; hk < s.h_kv; ++hk) {
+      std::fill(dk_err.begin(), dk_err.end(), 0.0);
+      const double* K = &p.k[(b * s.h_kv + hk) * s.n_kv * s.d];
+      const double* V = &p.v[(b * s.h_kv + hk) * s.n_kv * s.d];
+      for (int64_t r = 0; r < s.group(); ++r) {
+        const int64_t bh = b * s.h + hk * s.group() + r;
+        for (int64_t i = 0; i < s.n; ++i) {
+          const double* Q = &p.q[(bh * s.n + i) * s.d];
+          const double* dO = &p.dout[(bh * s.n + i) * s.d];
+          double mx = -INFINITY;
+          for (int64_t j = 0; j < s.n_kv; ++j) {
+            prob[j] = -INFINITY;
+            if (s.causal && !attention::causal_allows(i, j, s.n, s.n_kv)) continue;
+            double dot = 0;
+            for (int64_t c = 0; c < s.d; ++c) dot += Q[c] * K[j * s.d + c];
+            prob[j] = scale * dot;
+            mx = std::max(mx, prob[j]);
+          }
+          if (mx == -INFINITY) continue;  // a fully masked row: no gradient
+          double sum = 0;
+          for (int64_t j = 0; j < s.n_kv; ++j) sum += prob[j] = prob[j] == -INFINITY ? 0.0 : std::exp(prob[j] - mx);
+          std::fill(o.begin(), o.end(), 0.0);
+          for (int64_t j = 0; j < s.n_kv; ++j) {
+            prob[j] /= sum;
+            for (int64_t c = 0; c < s.d; ++c) o[c] += prob[j] * V[j * s.d + c];
+          }
+          double e = 0;
+          for (int64_t c = 0; c < s.d; ++c) {
+            const float of = static_cast<float>(o[c]);
+            const double stored = s.dtype == DType::bf16 ? to_float(to_bf16(of)) : to_float(to_f16(of));
+            e += dO[c] * (stored - o[c]);
+          }
+          for (int64_t c = 0; c < s.d; ++c) {
+            double dq = 0;
+            for (int64_t j = 0; j < s.n_kv; ++j) dq += prob[j] * K[j * s.d + c];
+            dq_max = std::max(dq_max, std::fabs(scale * e * dq));
+          }
+          for (int64_t j = 0; j < s.n_kv; ++j)
+            for (int64_t c = 0; c < s.d; ++c) dk_err[j * s.d + c] += scale * prob[j] * e * Q[c];
+        }
+      }
+      for (double x : dk_err) dk_max = std::max(dk_max, std::fabs(x));
+    }
+  return {dq_max, dk_max};
+}
 }  // namespace
 
 class AttentionCuda : public ::testing::TestWithParam<std::tuple<std::string, bool, int, int>> {};
@@ -98,9 +159,12 @@ TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
       errs[impl] = r.counters;
     }
     const double floor = dtype == "fp32" ? 1e-5 : 1e-3;
+    const auto [dq_move, dk_move] = stored_o_move(dynamic_cast<const attention::AttnProblem&>(*problem));
     for (const char* t : {"o", "dq", "dk", "dv"}) {
       const std::string key = std::string("max_abs_err_") + t;
-      EXPECT_LE(errs["flash"].at(key), 2 * errs["naive"].at(key) + floor) << c.id << " " << key;
+      const double move = t == std::string("dq") ? dq_move : t == std::string("dk") ? dk_move : 0.0;
+      EXPECT_LE(errs["flash"].at(key), 2 * errs["naive"].at(key) + floor + move)
+          << c.id << " " << key << " (stored-O move " << move << ")";
     }
   }
 }
@@ -108,6 +172,36 @@ TEST_P(AttentionCuda, FlashWithinTwiceNaiveAndMemoryModelExact) {
 INSTANTIATE_TEST_SUITE_P(Options, AttentionCuda,
                          ::testing::Combine(::testing::Values(std::string("fp32"), std::string("bf16"), std::string("fp16")), ::testing::Bool(),
                                             ::testing::Values(4, 1), ::testing::Values(64, 128, 40)));
+
+// Every kernel of the fused path is deterministic (no atomics, a fixed reduction order): 20 runs of
+// the forward and backward give the same bits in O, dQ, dK and dV, for every dtype (the tensor-core
+// forward for bf16 / fp16), an odd sequence length and GQA with a causal mask.
+TEST(AttentionCuda, FlashIsBitIdenticalOverTwentyRuns) {
+  REQUIRE_CUDA();
+  auto dev = make_cuda_device();
+  const auto& tech = registry().get("attention");
+  for (const char* dtype : {"bf16", "fp16", "fp32"})
+    for (int d : {64, 128}) {
+      const Case c = test::attn_case(Json{{"b", 2}, {"h", 4}, {"h_kv", 2}, {"n", 200}, {"n_kv", 230}, {"d", d},
+                                         {"causal", true}, {"dtype", dtype}, {"pass", "fwd_bwd"}});
+      const auto problem = tech.prepare(c);
+      auto w = attention_impl("flash").make(c, *problem, *dev);
+      auto* aw = dynamic_cast<attention::AttnWorkload*>(w.get());
+      ASSERT_NE(aw, nullptr);
+      w->run();
+      dev->synchronize();
+      const auto first = aw->outputs();
+      ASSERT_EQ(first.size(), 4u);
+      for (int rep = 1; rep < 20; ++rep) {
+        w->run();
+        dev->synchronize();
+        const auto again = aw->outputs();
+        for (std::size_t t = 0; t < first.size(); ++t)
+          ASSERT_EQ(std::memcmp(first[t].data(), again[t].data(), first[t].size() * sizeof(double)), 0)
+              << c.id << " tensor " << t << " differs in run " << rep;
+      }
+    }
+}
 
 // ---- the CUDA training step (model/train.cu) against the CPU trainer ----
 
@@ -260,7 +354,9 @@ TEST(QuantCuda, MatvecEqualsTheReferenceForEveryFormat) {
   // step and the reference's final rounding: (K + 3) u / (1 - (K + 3) u) * sum |w x|.
   const double u = 0x1p-24;
   for (const char* name : {"int8", "int4-g128", "int4-asym-g32", "fp8-e4m3", "fp8-e5m2-tensor", "nf4", "nf4-dq"})
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {37, 200}, {64, 4101}, {300, 512}}) {
+    // 300 x 512 and 9 x 8192 take the 8-rows kernel (a partial last block; two chunks per thread), the
+    // others the generic one (rows not in whole 16-code chunks).
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {37, 200}, {64, 4101}, {300, 512}, {9, 8192}}) {
       const quant::Spec spec = quant::parse_spec(name);
       const auto L = quant::layout(spec, N, K);
       const auto w = quant::synthetic_weights(N, K, 3);
@@ -283,4 +379,39 @@ TEST(QuantCuda, MatvecEqualsTheReferenceForEveryFormat) {
         ASSERT_LE(std::fabs(double(y[r]) - ref[r]), g * s + 1e-30) << name << " " << N << "x" << K << " row " << r;
       }
     }
+}
+
+// The dense fp32 / bf16 baselines on the GPU against a float64 product, both kernels (16-byte chunks,
+// and the generic path for a K that is not a multiple of the chunk), a partial block of rows included.
+TEST(QuantCuda, DenseMatvecEqualsTheFloat64Product) {
+  REQUIRE_CUDA();
+  auto dev = make_cuda_device();
+  const double u = 0x1p-24;
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 8}, {37, 200}, {64, 4101}, {300, 512}}) {
+    const auto w = quant::synthetic_weights(N, K, 5);
+    const auto x = quant::synthetic_activations(1, K, 6);
+    std::vector<bf16_t> wb(N * K);
+    for (int64_t i = 0; i < N * K; ++i) wb[i] = to_bf16(w[i]);
+    Buffer dx(dev->memory(), K * 4, Tag::io), dy(dev->memory(), N * 4, Tag::io);
+    dev->copy(dx.data(), x.data(), K * 4, CopyKind::host_to_device);
+    for (const bool bf16 : {false, true}) {
+      const std::size_t wbytes = N * K * (bf16 ? 2 : 4);
+      Buffer dw(dev->memory(), wbytes, Tag::weights);
+      dev->copy(dw.data(), bf16 ? static_cast<const void*>(wb.data()) : w.data(), wbytes, CopyKind::host_to_device);
+      if (bf16) quant::matvec_dense_cuda(dw.as<bf16_t>(), dx.as<float>(), dy.as<float>(), N, K, *dev);
+      else quant::matvec_dense_cuda(dw.as<float>(), dx.as<float>(), dy.as<float>(), N, K, *dev);
+      std::vector<float> y(N);
+      dev->copy(y.data(), dy.data(), N * 4, CopyKind::device_to_host);
+      const double g = (K + 1) * u / (1 - (K + 1) * u);  // fp32 sums of K products in any order
+      for (int64_t r = 0; r < N; ++r) {
+        double ref = 0, s = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double wk = bf16 ? double(to_float(wb[r * K + k])) : double(w[r * K + k]);
+          ref += wk * x[k];
+          s += std::fabs(wk * x[k]);
+        }
+        ASSERT_LE(std::fabs(double(y[r]) - ref), g * s + 1e-30) << (bf16 ? "bf16 " : "fp32 ") << N << "x" << K << " row " << r;
+      }
+    }
+  }
 }

@@ -50,6 +50,8 @@ class AttnWorkload : public Workload {
   ErrorStats error() override;  // the worst of O, dQ, dK, dV by relative L2; per-tensor counters too
   Work work() const override;
   void add_counters(std::map<std::string, double>& counters) override;
+  // The last run's outputs as exact float64 copies: O, then dQ, dK, dV with the backward pass.
+  std::vector<std::vector<double>> outputs();
 
  protected:
   const AttnProblem& p_;

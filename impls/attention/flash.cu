@@ -1,12 +1,13 @@
 // FlashAttention-2 style attention on the GPU: fused kernels, no [n, n_kv] buffer.
 //
-// Every kernel is plain fp32 CUDA (no tensor cores): tiles are staged in shared memory as fp32, and a
+// The bf16 / fp16 forward for d <= 128 runs on the tensor cores (flash_fwd_mma, described at the kernel).
+// The other kernels are plain fp32 CUDA (no tensor cores): tiles are staged in shared memory as fp32, and a
 // block of 256 threads is viewed as a 16 x 16 grid (tx = threadIdx.x % 16, ty = threadIdx.x / 16) that
 // owns the elements (ty + 16 i, tx + 16 j) of every [rows, cols] tile it computes, so each thread keeps
 // a small register micro-tile. Tiles are row-padded to kD + 1 (and cols + 1) floats so that the column
 // walks of the dot products hit 16 distinct banks.
 //
-//   forward   grid (query tile, b * h). Q tile [Br, D] loaded once; loop over key tiles [Bc, D] up to
+//   forward   (fp32, or d > 128) grid (query tile, b * h). Q tile [Br, D] loaded once; loop over key tiles [Bc, D] up to
 //             the causal limit: S = scale Q K^T (masked -inf), one thread per row runs
 //             attention::online_softmax_tile on its row of S (turning it into p, updating m and l, returning
 //             the rescale factor c), then acc = c acc + P V. O = acc * inverse_row_sum(l); with the
@@ -23,7 +24,12 @@
 //
 // Memory: the forward pass allocates nothing. With the backward pass, run() allocates lse (b*h*n fp32,
 // tag activations) and delta (b*h*n fp32, tag workspace) at its start; nothing else.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <climits>
+#include <cstring>
+#include <type_traits>
 
 #include "harness/cuda_device.hpp"
 #include "impls/attention/attention.hpp"
@@ -224,6 +230,265 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   if (lse != nullptr && threadIdx.x < kBr && q0 + threadIdx.x < p.n)
     lse[bh * p.n + q0 + threadIdx.x] = row_lse(m_s[threadIdx.x], l_s[threadIdx.x]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Tensor-core forward for bf16 / fp16 (sm_80+ mma.sync.m16n8k16, fp32 accumulation), head dimensions up
+// to kD = 64 or 128 (zero-padded columns add nothing). grid (ceil(n / 64), b * h), 4 warps; each warp owns
+// 16 query rows of the block's 64 and keeps everything of them in registers: its Q fragments, its
+// 16 x 64 score tile S and its 16 x kD output accumulator. Per key tile of 64: S = Q K^T (K tile in
+// shared memory, row-major [64][kD + 8]; the 8-element pad puts the 8 rows an ldmatrix phase reads in
+// distinct banks), scale and mask, the online softmax of tile_math.hpp on the rows (a row's 64 scores
+// are spread over the 4 lanes of a quad: the max is combined by two shuffles, the sum only at the end),
+// then O = c O + P V with P converted to the dtype in registers: the accumulator layout of two adjacent
+// 16 x 8 score tiles is the A-operand layout of one 16 x 16 P tile, so P never touches shared memory.
+// V's B operand comes transposed out of the row-major V tile through ldmatrix.trans.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with 16-bit inputs; g = lane / 4, t = lane % 4):
+//   A (16 x 16): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..)
+//   B (16 x 8):  b0 = (k 2t..2t+1, n g), b1 = (k 2t + 8.., n g)
+//   C (16 x 8):  c0, c1 = (g, 2t), (g, 2t + 1); c2, c3 = (g + 8, 2t), (g + 8, 2t + 1)
+constexpr int kMmaRows = 64, kMmaKeys = 64, kMmaWarps = 4, kMmaThreads = kMmaWarps * 32;
+
+template <int kD>
+constexpr std::size_t mma_fwd_smem_bytes() {
+  return 4u * kMmaKeys * (kD + 8) * sizeof(uint16_t);  // K and V tiles, two of each (Q is staged in the first)
+}
+
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 x 8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row_addr) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row_addr));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// Two floats to two 16-bit values (round to nearest even) in one register, the first in the low half.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&u, &v, 4);
+  }
+  return u;
+}
+
+// Rows [row0, row0 + 64) of a row-major [total_rows, d] matrix into dst[64][kD + 8] as 16-bit values;
+// rows past total_rows and columns past d are zero. kVec: d % 8 == 0 and 16-byte aligned rows.
+template <class T, bool kVec, int kD>
+__device__ __forceinline__ void load_tile16(uint16_t* __restrict__ dst, const T* __restrict__ src, int64_t row0,
+                                            int64_t total_rows, int d) {
+  constexpr int kChunks = kD / 8;  // 8 values (16 bytes) per chunk
+  for (int e = threadIdx.x; e < kMmaKeys * kChunks; e += kMmaThreads) {
+    const int r = e / kChunks, c = (e % kChunks) * 8;
+    const int64_t row = row0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row < total_rows && c < d) {
+      const T* s = src + row * d + c;
+      if constexpr (kVec) {
+        val = __ldg(reinterpret_cast<const uint4*>(s));
+      } else {
+        uint16_t h[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = c + i < d ? s[i].bits : uint16_t{0};
+        memcpy(&val, h, 16);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + r * (kD + 8) + c) = val;
+  }
+}
+
+// Starts copying K and V rows [row0, row0 + 64) into their tiles. kVec: asynchronously (cp.async, 16
+// bytes a copy, rows past total_rows zero-filled), completed by wait_tiles; otherwise synchronously.
+template <class T, bool kVec, int kD>
+__device__ __forceinline__ void issue_kv_tiles(uint16_t* ks, uint16_t* vs, const T* kh, const T* vh, int64_t row0,
+                                               int64_t total_rows, int d) {
+  if constexpr (kVec) {
+    constexpr int kChunks = kD / 8;
+    for (int e = threadIdx.x; e < kMmaKeys * kChunks; e += kMmaThreads) {
+      const int r = e / kChunks, c = (e % kChunks) * 8;
+      const int64_t row = row0 + r;
+      const bool in = row < total_rows && c < d;
+      const int64_t off = in ? row * d + c : 0;  // a valid address even when nothing is read
+      const uint32_t bytes = in ? 16u : 0u;      // 0: the 16 bytes are zero-filled
+      const auto kd = static_cast<uint32_t>(__cvta_generic_to_shared(ks + r * (kD + 8) + c));
+      const auto vd = static_cast<uint32_t>(__cvta_generic_to_shared(vs + r * (kD + 8) + c));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kd), "l"(kh + off), "r"(bytes));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vd), "l"(vh + off), "r"(bytes));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  } else {
+    load_tile16<T, false, kD>(ks, kh, row0, total_rows, d);
+    load_tile16<T, false, kD>(vs, vh, row0, total_rows, d);
+  }
+}
+
+// Waits until at most kPending of this thread's issued tile copies are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_tiles() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+template <class T, int kD, bool kVec>
+__global__ void __launch_bounds__(kMmaThreads)
+    flash_fwd_mma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                  float* __restrict__ lse, Params p) {
+  static_assert(kD % 16 == 0, "head dimension bucket must be a multiple of 16");
+  constexpr int kLd = kD + 8;            // row stride of the shared tiles, in 16-bit values
+  constexpr int kSTiles = kMmaKeys / 8;  // 16 x 8 score tiles per warp per key tile
+  constexpr int kOTiles = kD / 8;        // 16 x 8 output tiles per warp
+  extern __shared__ uint4 smem_mma[];
+  uint16_t* const tiles = reinterpret_cast<uint16_t*>(smem_mma);  // K0, V0, K1, V1: [64][kLd] each; K0 first holds Q
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int lr = lane % 8, lm = lane / 8;  // ldmatrix: row within, and index of, the lane's matrix
+  const int64_t bh = blockIdx.y;
+  const int64_t b = bh / p.h, hq = bh % p.h, hk = hq / (p.h / p.h_kv);
+  const int64_t kvh = b * p.h_kv + hk;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int64_t qw = q0 + warp * 16;  // the warp's first query row
+  const T* kh = k + kvh * p.n_kv * p.d;
+  const T* vh = v + kvh * p.n_kv * p.d;
+
+  // Q fragments: the warp's 16 rows x kD, kD / 16 A tiles.
+  uint32_t qf[kD / 16][4];
+  load_tile16<T, kVec, kD>(tiles, q + bh * p.n * p.d, q0, p.n, p.d);
+  __syncthreads();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    ldmatrix_x4<false>(qf[kk], tiles + (warp * 16 + lr + 8 * (lm & 1)) * kLd + kk * 16 + 8 * (lm >> 1));
+  __syncthreads();  // every warp has its Q fragments: the first K tile may overwrite them
+
+  float acc[kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g + 8; l is this lane's part
+
+  // Key tiles double-buffered: tile i + 1 is copied while tile i is computed.
+  const int64_t kv_end = key_end(q0, kMmaRows, p);
+  const int64_t ntiles = (kv_end + kMmaKeys - 1) / kMmaKeys;
+  if (ntiles > 0) issue_kv_tiles<T, kVec, kD>(tiles, tiles + kMmaKeys * kLd, kh, vh, 0, p.n_kv, p.d);
+  for (int64_t it = 0; it < ntiles; ++it) {
+    const int64_t kv0 = it * kMmaKeys;
+    uint16_t* const ks = tiles + (it & 1) * 2 * kMmaKeys * kLd;
+    uint16_t* const vs = ks + kMmaKeys * kLd;
+    if (it + 1 < ntiles) {
+      uint16_t* const kn = tiles + ((it + 1) & 1) * 2 * kMmaKeys * kLd;
+      issue_kv_tiles<T, kVec, kD>(kn, kn + kMmaKeys * kLd, kh, vh, kv0 + kMmaKeys, p.n_kv, p.d);
+      wait_tiles<1>();
+    } else {
+      wait_tiles<0>();
+    }
+    __syncthreads();  // tile it has landed for every thread's copies
+
+    float s[kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+      for (int j = 0; j < kSTiles; j += 2) {  // B tiles of keys 8j.. and 8(j + 1).. at once
+        uint32_t bk[4];
+        ldmatrix_x4<false>(bk, ks + (8 * j + lr + 8 * (lm >> 1)) * kLd + kk * 16 + 8 * (lm & 1));
+        mma_16816<T>(s[j], qf[kk], bk[0], bk[1]);
+        mma_16816<T>(s[j + 1], qf[kk], bk[2], bk[3]);
+      }
+
+    // Scale; mask where the tile reaches past n_kv or (causal) past the warp's first row's last key.
+    const bool edge = kv0 + kMmaKeys > p.n_kv || (p.causal && !causal_allows(qw, kv0 + kMmaKeys - 1, p.n, p.n_kv));
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float sc = p.scale * s[j][e];
+        s[j][e] = (!edge || visible(qw + g + 8 * (e / 2), kv0 + 8 * j + 2 * t + (e % 2), p)) ? sc : -INFINITY;
+      }
+
+    // Online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3).
+    float c[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      c[h] = softmax_rescale(m[h], m_new);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+        s[j][2 * h] = softmax_prob(s[j][2 * h], m_new);
+        s[j][2 * h + 1] = softmax_prob(s[j][2 * h + 1], m_new);
+        sum += s[j][2 * h] + s[j][2 * h + 1];
+      }
+      l[h] = c[h] * l[h] + sum;
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      acc[j][0] *= c[0];
+      acc[j][1] *= c[0];
+      acc[j][2] *= c[1];
+      acc[j][3] *= c[1];
+    }
+
+    // O += P V, 16 keys per step: P's A fragment from score tiles 2kk and 2kk + 1.
+#pragma unroll
+    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < kOTiles; j += 2) {  // B tiles of output columns 8j.. and 8(j + 1)..
+        uint32_t bv[4];
+        ldmatrix_x4<true>(bv, vs + (kk * 16 + lr + 8 * (lm & 1)) * kLd + 8 * j + 8 * (lm >> 1));
+        mma_16816<T>(acc[j], pa, bv[0], bv[1]);
+        mma_16816<T>(acc[j + 1], pa, bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // this buffer is consumed before tile it + 2 is copied into it
+  }
+
+  // The row sums over the quad, then O / l and lse.
+  T* oh = o + bh * p.n * p.d;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int64_t qi = qw + g + 8 * h;
+    if (qi >= p.n) continue;
+    const float inv = inverse_row_sum(l[h]);
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * t + e;
+        if (col < p.d) oh[qi * p.d + col] = from_f32<T>(acc[j][2 * h + e] * inv);
+      }
+    if (lse != nullptr && t == 0) lse[bh * p.n + qi] = row_lse(m[h], l[h]);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -529,7 +794,11 @@ class FlashCuda final : public AttnWorkload {
     const unsigned bh = grid_count(s_.b * s_.h, 1, 65535, "b * h");
     const unsigned bkv = grid_count(s_.b * s_.h_kv, 1, 65535, "b * h_kv");
 
-    {  // forward
+    if constexpr (!std::is_same_v<T, float> && kD <= 128) {  // forward on the tensor cores
+      const bool vec = p.d % 8 == 0 && aligned16(q_.data()) && aligned16(k_.data()) && aligned16(v_.data());
+      if (vec) forward_mma<T, kD, true>(p, bh, lse);
+      else forward_mma<T, kD, false>(p, bh, lse);
+    } else {  // forward
       constexpr int kBr = Cfg::fwd_q, kBc = Cfg::fwd_k;
       constexpr std::size_t smem = sizeof(float) * fwd_smem_floats<kD, kBr, kBc>();
       auto* kernel = &flash_fwd<T, kD, kBr, kBc>;
@@ -568,13 +837,26 @@ class FlashCuda final : public AttnWorkload {
     }
   }
 
+  static bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
+  template <class T, int kD, bool kVec>
+  void forward_mma(const Params& p, unsigned bh, float* lse) {
+    constexpr std::size_t smem = mma_fwd_smem_bytes<kD>();
+    auto* kernel = &flash_fwd_mma<T, kD, kVec>;
+    allow_smem(kernel, smem, cuda_);
+    const dim3 grid(grid_count(s_.n, kMmaRows, INT_MAX, "query tiles"), bh);
+    kernel<<<grid, kMmaThreads, smem, cuda_.stream()>>>(q_.as<T>(), k_.as<T>(), v_.as<T>(), o_.as<T>(),
+                                                         s_.backward ? lse : nullptr, p);
+    MT_CUDA_LAUNCH();
+  }
+
   CudaDevice& cuda_;
 };
 
 }  // namespace
 
 MEMTRADE_IMPLEMENTATION(typed_impl<AttnProblem>("attention", "flash", Role::optimized, Backend::cuda,
-                                                "fused tiled forward and backward kernels",
+                                                "fused kernels: tensor-core (mma.sync) forward for bf16/fp16, d <= 128; fp32 tiles otherwise and for the backward",
                                                 [](const AttnProblem& p, Device& dev) -> std::unique_ptr<Workload> {
                                                   return std::make_unique<FlashCuda>(p, dev);
                                                 }))

@@ -194,6 +194,13 @@ ErrorStats AttnWorkload::error() {
   return worst;
 }
 
+std::vector<std::vector<double>> AttnWorkload::outputs() {
+  std::vector<std::vector<double>> out{download(dev_, o_.view())};
+  if (s_.backward)
+    for (const Tensor* t : {&dq_, &dk_, &dv_}) out.push_back(download(dev_, t->view()));
+  return out;
+}
+
 void AttnWorkload::add_counters(std::map<std::string, double>& counters) {
   for (const auto& [k, v] : per_tensor_) counters[k] = v;
   counters["oracle_rows"] = static_cast<double>(p_.rows.size());
