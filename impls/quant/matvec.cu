@@ -1,7 +1,15 @@
-// CUDA quantized matvec y = deq(W) x: one warp per output row. Each lane reads 16-byte chunks of the
-// row's packed codes with 128-bit loads (16 codes of int8 / fp8, 32 of the 4-bit formats), decodes them
-// in registers through the formats.hpp functions, and accumulates in fp32; a chunk inside one group
-// applies the group's scale once to its partial sum. The warp's lanes are combined by shuffles.
+// CUDA quantized matvec y = deq(W) x.
+//
+// Fast path (rows in 16-byte-aligned chunks): a block of 256 threads computes kBlockRows = 8 rows. Its
+// threads split the row into chunks of 16 codes (16 bytes of int8 / fp8, 8 bytes of the 4-bit formats),
+// thread i taking chunks i, i + 256, ...; for each chunk it loads its 16 x values once (four 128-bit
+// loads) and the chunk of all 8 rows (8 independent loads in flight), decodes the codes in registers
+// through the formats.hpp functions and accumulates in fp32; a chunk inside one group applies the group's
+// scale once to its partial sum. Per row, the threads' sums are combined by warp shuffles and then across
+// the 8 warps in shared memory. At 4096 x 4096 that is 512 blocks with one chunk per thread and row, so
+// the whole weight is in flight at once and x is read 8 times less than with one row per warp.
+// Other layouts: one warp per row, group by group, one code at a time. The dense fp32 / bf16 baselines
+// have a kernel of the same shape.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,9 +51,10 @@ __device__ __forceinline__ uint8_t code_in_chunk(const uint8_t* b, int j) {
     return b[j];
 }
 
-template <Format F, bool kVector>
+// One warp per row, any layout: group by group, the lanes striding over the group's codes one at a time.
+template <Format F>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    matvec_kernel(const QLayout L, const uint8_t* __restrict__ blob, const float* __restrict__ x, float* __restrict__ y) {
+    matvec_any_kernel(const QLayout L, const uint8_t* __restrict__ blob, const float* __restrict__ x, float* __restrict__ y) {
   __shared__ float nf4_table[16];
   if constexpr (F == Format::nf4) {
     if (threadIdx.x < 16) nf4_table[threadIdx.x] = nf4_code(static_cast<int>(threadIdx.x));
@@ -57,62 +66,205 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
   const int64_t K = L.cols, G = L.group;
   float acc = 0.f;
-
-  if constexpr (kVector) {
-    constexpr int E = kFourBit<F> ? 32 : 16;  // codes per 16-byte chunk
-    const int64_t nchunks = L.row_bytes / 16;
-    for (int64_t c = lane; c < nchunks; c += 32) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + c);
-      uint8_t b[16];
-      memcpy(b, &v, 16);
-      const int64_t e0 = c * E;
-      const int64_t e1 = e0 + E < K ? e0 + E : K;  // the last chunk may hold the pad nibble / bytes
-      const int64_t g0 = e0 / G, g1 = (e1 - 1) / G;
-      if (g0 == g1) {
-        const GroupParams p = stored_params(L, blob, r, g0);
-        float part = 0.f;
-#pragma unroll
-        for (int j = 0; j < E; ++j)
-          if (e0 + j < e1) part = fmaf(unscaled<F>(code_in_chunk<F>(b, j), p.zero, nf4_table), __ldg(x + e0 + j), part);
-        acc = fmaf(p.scale, part, acc);
-      } else {  // the chunk straddles groups: each code with its own group's parameters
-#pragma unroll
-        for (int j = 0; j < E; ++j) {
-          const int64_t k = e0 + j;
-          if (k < e1) {
-            const GroupParams p = stored_params(L, blob, r, k / G);
-            const float w = p.scale * unscaled<F>(code_in_chunk<F>(b, j), p.zero, nf4_table);
-            acc = fmaf(w, __ldg(x + k), acc);
-          }
-        }
-      }
+  for (int64_t g = 0; g < L.groups_per_row; ++g) {
+    const GroupParams p = stored_params(L, blob, r, g);
+    const int64_t k1 = (g + 1) * G < K ? (g + 1) * G : K;
+    float part = 0.f;
+    for (int64_t k = g * G + lane; k < k1; k += 32) {
+      const uint8_t q = kFourBit<F> ? nibble(row, k) : row[k];
+      part = fmaf(unscaled<F>(q, p.zero, nf4_table), __ldg(x + k), part);
     }
-  } else {
-    // Any layout: group by group, the lanes striding over the group's codes one at a time.
-    for (int64_t g = 0; g < L.groups_per_row; ++g) {
-      const GroupParams p = stored_params(L, blob, r, g);
-      const int64_t k1 = (g + 1) * G < K ? (g + 1) * G : K;
-      float part = 0.f;
-      for (int64_t k = g * G + lane; k < k1; k += 32) {
-        const uint8_t q = kFourBit<F> ? nibble(row, k) : row[k];
-        part = fmaf(unscaled<F>(q, p.zero, nf4_table), __ldg(x + k), part);
-      }
-      acc = fmaf(p.scale, part, acc);
-    }
+    acc = fmaf(p.scale, part, acc);
   }
   acc = warp_sum(acc);
   if (lane == 0) y[r] = acc;
 }
 
+constexpr int kBlockRows = 8, kRowThreads = 256;
+constexpr int kChunkCodes = 16;
+template <Format F>
+constexpr int kChunkBytes = kFourBit<F> ? 8 : 16;
+template <int B>
+struct ChunkWord;  // the load type of a chunk
+template <>
+struct ChunkWord<8> {
+  using type = uint2;
+};
+template <>
+struct ChunkWord<16> {
+  using type = uint4;
+};
+
+// Needs row_bytes and codes.offset multiples of the chunk bytes, a chunk-aligned blob and a 16-byte
+// aligned x (checked by the launcher).
+template <Format F>
+__global__ void __launch_bounds__(kRowThreads, 2)
+    matvec_rows_kernel(const QLayout L, const uint8_t* __restrict__ blob, const float* __restrict__ x, float* __restrict__ y) {
+  using Word = typename ChunkWord<kChunkBytes<F>>::type;
+  __shared__ float nf4_table[16];
+  __shared__ float partial[kRowThreads / 32][kBlockRows];
+  if constexpr (F == Format::nf4) {
+    if (threadIdx.x < 16) nf4_table[threadIdx.x] = nf4_code(static_cast<int>(threadIdx.x));
+    __syncthreads();
+  }
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int rows = static_cast<int>(L.rows - r0 < kBlockRows ? L.rows - r0 : kBlockRows);
+  const int64_t K = L.cols, G = L.group;
+  const int64_t nchunks = L.row_bytes / kChunkBytes<F>;
+  const uint8_t* base = blob + L.codes.offset + r0 * L.row_bytes;
+  float acc[kBlockRows];
+#pragma unroll
+  for (int i = 0; i < kBlockRows; ++i) acc[i] = 0.f;
+
+  for (int64_t c = threadIdx.x; c < nchunks; c += kRowThreads) {
+    const int64_t e0 = c * kChunkCodes;
+    if (e0 >= K) break;  // pad chunks past the last code
+    const int n_e = static_cast<int>(K - e0 < kChunkCodes ? K - e0 : kChunkCodes);
+    Word w[kBlockRows];
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i)
+      if (i < rows) w[i] = __ldg(reinterpret_cast<const Word*>(base + i * L.row_bytes) + c);
+    float xv[kChunkCodes];
+    if (n_e == kChunkCodes) {
+#pragma unroll
+      for (int j = 0; j < kChunkCodes / 4; ++j) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(x + e0) + j);
+        xv[4 * j] = f.x;
+        xv[4 * j + 1] = f.y;
+        xv[4 * j + 2] = f.z;
+        xv[4 * j + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kChunkCodes; ++j) xv[j] = j < n_e ? __ldg(x + e0 + j) : 0.f;
+    }
+    const int64_t g0 = e0 / G, g1 = (e0 + n_e - 1) / G;
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i) {
+      if (i >= rows) break;
+      uint8_t b[kChunkBytes<F>];
+      memcpy(b, &w[i], sizeof(b));
+      if (g0 == g1) {
+        const GroupParams p = stored_params(L, blob, r0 + i, g0);
+        float part = 0.f;
+#pragma unroll
+        for (int j = 0; j < kChunkCodes; ++j)  // pad codes past n_e are not decoded (an fp8 pad may be NaN)
+          part = fmaf(j < n_e ? unscaled<F>(code_in_chunk<F>(b, j), p.zero, nf4_table) : 0.f, xv[j], part);
+        acc[i] = fmaf(p.scale, part, acc[i]);
+      } else {  // the chunk straddles groups (a group size not a multiple of 16): code by code from memory
+        const uint8_t* chunk = base + i * L.row_bytes + c * kChunkBytes<F>;
+        for (int j = 0; j < n_e; ++j) {
+          const GroupParams p = stored_params(L, blob, r0 + i, (e0 + j) / G);
+          const uint8_t q = kFourBit<F> ? nibble(chunk, j) : chunk[j];
+          acc[i] = fmaf(p.scale * unscaled<F>(q, p.zero, nf4_table), __ldg(x + e0 + j), acc[i]);
+        }
+      }
+    }
+  }
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+#pragma unroll
+  for (int i = 0; i < kBlockRows; ++i) {
+    const float s = warp_sum(acc[i]);
+    if (lane == 0) partial[warp][i] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kRowThreads / 32; ++w) s += partial[w][threadIdx.x];
+    y[r0 + threadIdx.x] = s;
+  }
+}
+
 template <Format F>
 void launch(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, cudaStream_t stream) {
-  const bool vector = L.row_bytes % 16 == 0 && L.codes.offset % 16 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(d_blob) % 16 == 0;
-  const auto blocks = static_cast<unsigned>((L.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  if (vector)
-    matvec_kernel<F, true><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(L, d_blob, d_x, d_y);
+  constexpr int64_t cb = kChunkBytes<F>;
+  const bool rows_path = L.row_bytes % cb == 0 && L.codes.offset % cb == 0 &&
+                         reinterpret_cast<std::uintptr_t>(d_blob) % cb == 0 && reinterpret_cast<std::uintptr_t>(d_x) % 16 == 0;
+  if (rows_path) {
+    const auto blocks = static_cast<unsigned>((L.rows + kBlockRows - 1) / kBlockRows);
+    matvec_rows_kernel<F><<<blocks, kRowThreads, 0, stream>>>(L, d_blob, d_x, d_y);
+  } else {
+    const auto blocks = static_cast<unsigned>((L.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    matvec_any_kernel<F><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(L, d_blob, d_x, d_y);
+  }
+}
+
+// The dense baselines (fp32, bf16 weights) in the same shape: 8 rows per block of 256 threads, 16-byte
+// chunks of each row (4 fp32 or 8 bf16 weights) with their x values loaded once for the 8 rows.
+template <class W>
+__global__ void __launch_bounds__(kRowThreads)
+    matvec_dense_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int64_t N, int64_t K) {
+  constexpr int E = 16 / static_cast<int>(sizeof(W));
+  __shared__ float partial[kRowThreads / 32][kBlockRows];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int rows = static_cast<int>(N - r0 < kBlockRows ? N - r0 : kBlockRows);
+  float acc[kBlockRows];
+#pragma unroll
+  for (int i = 0; i < kBlockRows; ++i) acc[i] = 0.f;
+  for (int64_t c = threadIdx.x; c * E < K; c += kRowThreads) {
+    uint4 v[kBlockRows];
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i)
+      if (i < rows) v[i] = __ldg(reinterpret_cast<const uint4*>(w + (r0 + i) * K) + c);
+    float xv[E];
+#pragma unroll
+    for (int j = 0; j < E; j += 4) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(x + c * E + j));
+      xv[j] = f.x;
+      xv[j + 1] = f.y;
+      xv[j + 2] = f.z;
+      xv[j + 3] = f.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i) {
+      if (i >= rows) break;
+      W e[E];
+      memcpy(e, &v[i], 16);
+#pragma unroll
+      for (int j = 0; j < E; ++j) acc[i] = fmaf(to_f32(e[j]), xv[j], acc[i]);
+    }
+  }
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+#pragma unroll
+  for (int i = 0; i < kBlockRows; ++i) {
+    const float s = warp_sum(acc[i]);
+    if (lane == 0) partial[warp][i] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    float s = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kRowThreads / 32; ++wi) s += partial[wi][threadIdx.x];
+    y[r0 + threadIdx.x] = s;
+  }
+}
+
+// The generic dense path (any K, any alignment): one warp per row.
+template <class W>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    matvec_dense_any_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int64_t N, int64_t K) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (r >= N) return;
+  float acc = 0.f;
+  for (int64_t k = lane; k < K; k += 32) acc = fmaf(to_f32(w[r * K + k]), __ldg(x + k), acc);
+  acc = warp_sum(acc);
+  if (lane == 0) y[r] = acc;
+}
+
+template <class W>
+void launch_dense(const W* w, const float* x, float* y, int64_t N, int64_t K, cudaStream_t stream) {
+  if (N <= 0 || K <= 0) throw Error("matvec_dense_cuda: empty matrix");
+  if (!w || !x || !y) throw Error("matvec_dense_cuda: null pointer");
+  constexpr int64_t E = 16 / sizeof(W);
+  const bool chunks = K % E == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+  if (chunks)
+    matvec_dense_kernel<W><<<static_cast<unsigned>((N + kBlockRows - 1) / kBlockRows), kRowThreads, 0, stream>>>(w, x, y, N, K);
   else
-    matvec_kernel<F, false><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(L, d_blob, d_x, d_y);
+    matvec_dense_any_kernel<W><<<static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(w, x, y, N, K);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("matvec_dense_cuda: launch failed: ") + cudaGetErrorString(e));
 }
 
 }  // namespace
@@ -135,6 +287,18 @@ void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, floa
 
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, Device& dev) {
   matvec_cuda(L, d_blob, d_x, d_y, as_cuda(dev).stream());
+}
+
+}  // namespace memtrade::quant
+
+namespace memtrade::quant {
+
+void matvec_dense_cuda(const float* d_w, const float* d_x, float* d_y, int64_t N, int64_t K, Device& dev) {
+  launch_dense(d_w, d_x, d_y, N, K, as_cuda(dev).stream());
+}
+
+void matvec_dense_cuda(const bf16_t* d_w, const float* d_x, float* d_y, int64_t N, int64_t K, Device& dev) {
+  launch_dense(d_w, d_x, d_y, N, K, as_cuda(dev).stream());
 }
 
 }  // namespace memtrade::quant

@@ -51,5 +51,8 @@ void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, CUstream_st* stream);
 // The same on a CUDA Device's stream (memtrade::Error for another backend).
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, Device& dev);
+// The dense baselines on the GPU: y = W x with W [N x K] row-major in device memory.
+void matvec_dense_cuda(const float* d_w, const float* d_x, float* d_y, int64_t N, int64_t K, Device& dev);
+void matvec_dense_cuda(const bf16_t* d_w, const float* d_x, float* d_y, int64_t N, int64_t K, Device& dev);
 
 }  // namespace memtrade::quant

@@ -167,8 +167,11 @@ class QuantWorkload final : public Workload {
     const float* x = x_.as<float>();
     float* y = y_.as<float>();
     if (q.dense) {
-      if (q.dense_dtype == DType::f32) matvec_dense_f32(w_.as<float>(), x, y, q.n, q.k);
-      else matvec_dense_bf16(w_.as<bf16_t>(), x, y, q.n, q.k);
+      const bool cuda = dev_.backend() == Backend::cuda;
+      if (q.dense_dtype == DType::f32)
+        cuda ? matvec_dense_cuda(w_.as<float>(), x, y, q.n, q.k, dev_) : matvec_dense_f32(w_.as<float>(), x, y, q.n, q.k);
+      else
+        cuda ? matvec_dense_cuda(w_.as<bf16_t>(), x, y, q.n, q.k, dev_) : matvec_dense_bf16(w_.as<bf16_t>(), x, y, q.n, q.k);
       return;
     }
     const uint8_t* blob = w_.as<uint8_t>();
@@ -331,8 +334,6 @@ void register_technique(Registry& r) {
       };
     else if (be == Backend::cuda)
       i.not_applicable = [](const Case& c) {
-        const std::string f = c.text("format");
-        if (f == "fp32" || f == "bf16") return std::string("no dense CUDA baseline in this suite yet");
         return c.integer("m", 1) > 1 ? std::string("the CUDA kernel is a matvec (m = 1)") : std::string();
       };
     else if (!optimized)
@@ -349,7 +350,8 @@ void register_technique(Registry& r) {
       "int8 / int4 codes (nf4: int16 levels) times int16-quantized activations (per 32), exact int32 pairwise products (Highway)", true);
   add("packed-a8", Role::optimized,
       "int8 / int4 codes (nf4: byte levels) times int8-quantized activations (per 32), byte multiply-adds (x86 vpmaddubsw)", true);
-  add("packed", Role::optimized, "one warp per row, 128-bit loads of packed codes, decoded in registers", true,
+  add("packed", Role::optimized,
+      "8 rows per block, 16-code chunks (128- / 64-bit loads) with their x values shared by the rows, decoded in registers", true,
       Backend::cuda);
   t.claims["int4-7b"] = check_int4_7b;
   r.add(std::move(t));
@@ -357,6 +359,8 @@ void register_technique(Registry& r) {
 
 #ifndef MEMTRADE_WITH_CUDA
 void matvec_cuda(const QLayout&, const uint8_t*, const float*, float*, Device&) { throw Skip(cuda_status().reason); }
+void matvec_dense_cuda(const float*, const float*, float*, int64_t, int64_t, Device&) { throw Skip(cuda_status().reason); }
+void matvec_dense_cuda(const bf16_t*, const float*, float*, int64_t, int64_t, Device&) { throw Skip(cuda_status().reason); }
 #endif
 
 }  // namespace memtrade::quant
