@@ -35,9 +35,8 @@ class CudaDevice final : public Device {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  void* flush_ = nullptr;  // L2-sized, allocated on first use, untracked (harness-internal)
+  void* flush_ = nullptr;  // twice the L2 size, allocated on first use, untracked (harness-internal)
   std::size_t flush_bytes_ = 0;
-  int flush_value_ = 0;
 };
 
 // The CUDA device behind a Device&, or memtrade::Error if it is another backend.
