@@ -89,10 +89,31 @@ def llc_bytes():
 
 def time_call(torch, fn, repetitions, min_time_s, sync, cold=False):
     """Per-call real and CPU time of each repetition (ns), as memtrade's harness measures them: with `cold`,
-    each of COLD_CALLS calls per repetition follows a pass over twice the last-level cache, outside the
-    timed region (memtrade's Work::cold_cache, for the memory-bound kernels)."""
+    each of COLD_CALLS calls per repetition follows a pass over twice the last-level cache (on the GPU: a
+    read of twice the L2, and the call timed by CUDA events), outside the timed region (memtrade's
+    Work::cold_cache, for the memory-bound kernels)."""
     fn()
     sync()
+    if cold and sync is not None and getattr(sync, "__module__", "").startswith("torch.cuda"):
+        # On the GPU as memtrade's CudaDevice does it: read (not write: no dirty lines to drain inside the
+        # timed call) a device buffer of twice the L2 size, then time each call with CUDA events.
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (64 << 20)
+        scratch = torch.ones(2 * l2 // 4, device="cuda")
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = []
+        for _ in range(repetitions):
+            real = cpu = 0.0
+            for _ in range(COLD_CALLS):
+                scratch.sum()
+                sync()
+                c = time.thread_time()
+                start.record()
+                fn()
+                stop.record()
+                stop.synchronize()
+                real, cpu = real + start.elapsed_time(stop) * 1e-3, cpu + time.thread_time() - c
+            reps.append((real / COLD_CALLS * 1e9, cpu / COLD_CALLS * 1e9))
+        return COLD_CALLS, reps
     if cold:
         scratch = torch.ones(2 * llc_bytes() // 4)
         reps = []
