@@ -95,6 +95,25 @@ struct ChunkWord<16> {
   using type = uint4;
 };
 
+// A block's kBlockRows row sums (each thread's partial sums in acc): every warp's lanes combined by
+// shuffles, then the warps through shared memory; y[i] for i < rows.
+__device__ __forceinline__ void store_row_sums(const float (&acc)[kBlockRows], int rows, float* __restrict__ y) {
+  __shared__ float partial[kRowThreads / 32][kBlockRows];
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+#pragma unroll
+  for (int i = 0; i < kBlockRows; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0) partial[warp][i] = v;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < rows) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kRowThreads / 32; ++w) v += partial[w][threadIdx.x];
+    y[threadIdx.x] = v;
+  }
+}
+
 // Needs row_bytes and codes.offset multiples of the chunk bytes, a chunk-aligned blob and a 16-byte
 // aligned x (checked by the launcher).
 template <Format F>
@@ -102,7 +121,6 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     matvec_rows_kernel(const QLayout L, const uint8_t* __restrict__ blob, const float* __restrict__ x, float* __restrict__ y) {
   using Word = typename ChunkWord<kChunkBytes<F>>::type;
   __shared__ float nf4_table[16];
-  __shared__ float partial[kRowThreads / 32][kBlockRows];
   if constexpr (F == Format::nf4) {
     if (threadIdx.x < 16) nf4_table[threadIdx.x] = nf4_code(static_cast<int>(threadIdx.x));
     __syncthreads();
@@ -161,19 +179,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
       }
     }
   }
-  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
-#pragma unroll
-  for (int i = 0; i < kBlockRows; ++i) {
-    const float s = warp_sum(acc[i]);
-    if (lane == 0) partial[warp][i] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < rows) {
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kRowThreads / 32; ++w) s += partial[w][threadIdx.x];
-    y[r0 + threadIdx.x] = s;
-  }
+  store_row_sums(acc, rows, y + r0);
 }
 
 template <Format F>
@@ -196,7 +202,6 @@ template <class W>
 __global__ void __launch_bounds__(kRowThreads)
     matvec_dense_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int64_t N, int64_t K) {
   constexpr int E = 16 / static_cast<int>(sizeof(W));
-  __shared__ float partial[kRowThreads / 32][kBlockRows];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
   const int rows = static_cast<int>(N - r0 < kBlockRows ? N - r0 : kBlockRows);
   float acc[kBlockRows];
@@ -225,19 +230,7 @@ __global__ void __launch_bounds__(kRowThreads)
       for (int j = 0; j < E; ++j) acc[i] = fmaf(to_f32(e[j]), xv[j], acc[i]);
     }
   }
-  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
-#pragma unroll
-  for (int i = 0; i < kBlockRows; ++i) {
-    const float s = warp_sum(acc[i]);
-    if (lane == 0) partial[warp][i] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < rows) {
-    float s = 0.f;
-#pragma unroll
-    for (int wi = 0; wi < kRowThreads / 32; ++wi) s += partial[wi][threadIdx.x];
-    y[r0 + threadIdx.x] = s;
-  }
+  store_row_sums(acc, rows, y + r0);
 }
 
 // The generic dense path (any K, any alignment): one warp per row.
