@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <utility>
 
 #include "common/dtype.hpp"
@@ -73,6 +74,29 @@ Verdict judge_error(const Technique& t, const Case& c, const Problem& p, const I
   Tolerance tol = t.error_rule.tol;
   if (t.error_rule.approximation) tol.abs_floor += t.error_rule.approximation(c, p, impl);
   return within_tolerance(err, ref, tol);
+}
+
+Verdict judge_outputs(const Technique& t, const Case& c, const Problem& p, const Impl& impl, const ErrorStats& err,
+                      const std::map<std::string, double>& counters, const ErrorStats& ref,
+                      const std::map<std::string, double>& ref_counters) {
+  auto part_of = [](const std::map<std::string, double>& m, const std::string& part, ErrorStats s) {
+    s.max_abs = m.at("max_abs_err_" + part);
+    if (auto it = m.find("rel_l2_err_" + part); it != m.end()) s.rel_l2 = it->second;
+    return s;
+  };
+  auto has = [&](const std::string& part) {
+    return counters.count("max_abs_err_" + part) && ref_counters.count("max_abs_err_" + part);
+  };
+  bool by_part = false;
+  if (impl.role != Role::reference)
+    for (const std::string& part : t.error_rule.parts) by_part = by_part || has(part);
+  if (!by_part) return judge_error(t, c, p, impl, err, ref);
+  for (const std::string& part : t.error_rule.parts) {
+    if (!has(part)) continue;
+    const Verdict v = judge_error(t, c, p, impl, part_of(counters, part, err), part_of(ref_counters, part, ref));
+    if (!v.pass) return {false, part + ": " + v.why};
+  }
+  return {true, "every output within the rule"};
 }
 
 void check_case(const Technique& t, const Case& c, const std::string& where) {

@@ -168,6 +168,13 @@ struct ImplRegistrar {
 Verdict judge_error(const Technique& t, const Case& c, const Problem& p, const Impl& impl, const ErrorStats& err,
                     const ErrorStats& ref);
 
+// judge_error output by output when the technique names parts and both sides carry a part's counters
+// (max_abs_err_P, rel_l2_err_P: each output against the same output of the reference), else over the
+// whole-record statistics. counters / ref_counters: the two sides' counters (Workload::add_counters).
+Verdict judge_outputs(const Technique& t, const Case& c, const Problem& p, const Impl& impl, const ErrorStats& err,
+                      const std::map<std::string, double>& counters, const ErrorStats& ref,
+                      const std::map<std::string, double>& ref_counters);
+
 // Checks a case's parameters against the technique's schema; `where` names their source.
 void check_case(const Technique& t, const Case& c, const std::string& where);
 

@@ -351,27 +351,8 @@ void judge_record(const Technique& t, const Impl& impl, const Case& c, const Pro
         if (!ref && r.kase.id == c.id && r.role == Role::reference && r.backend == be && r.status == "ok") ref = &r;
   if (impl.role != Role::reference && !ref) return;  // the reference did not run here (--filter): not judged
   const ErrorStats e = stats_of(rec);
-  Verdict v = judge_error(t, c, p, impl, e, ref ? stats_of(*ref) : e);
-  bool by_part = false;  // with parts, those replace the whole-record verdict
-  for (const std::string& part : t.error_rule.parts)
-    by_part = by_part || (ref && rec.counters.count("max_abs_err_" + part) && ref->counters.count("max_abs_err_" + part));
-  if (by_part) {
-    v = {true, "every output within the rule"};
-    for (const std::string& part : t.error_rule.parts) {
-      const std::string abs_key = "max_abs_err_" + part, l2_key = "rel_l2_err_" + part;
-      if (!rec.counters.count(abs_key) || !ref->counters.count(abs_key)) continue;
-      ErrorStats ep = e, rp = stats_of(*ref);
-      ep.max_abs = rec.counter(abs_key);
-      rp.max_abs = ref->counter(abs_key);
-      ep.rel_l2 = rec.counters.count(l2_key) ? rec.counter(l2_key) : ep.rel_l2;
-      rp.rel_l2 = ref->counters.count(l2_key) ? ref->counter(l2_key) : rp.rel_l2;
-      const Verdict vp = judge_error(t, c, p, impl, ep, rp);
-      if (!vp.pass) {
-        v = {false, part + ": " + vp.why};
-        break;
-      }
-    }
-  }
+  const Verdict v = ref ? judge_outputs(t, c, p, impl, e, rec.counters, stats_of(*ref), ref->counters)
+                        : judge_error(t, c, p, impl, e, e);
   rec.counters["error_ok"] = v.pass ? 1 : 0;
   if (!v.pass) rec.detail += (rec.detail.empty() ? "" : "; ") + ("error rule failed: " + v.why);
 }

@@ -70,6 +70,7 @@ const Impl& impl_of(const Technique& t, const std::string& name, Backend be) {
 struct Prepared {
   std::unique_ptr<Problem> problem;
   std::optional<ErrorStats> reference;  // empty: no CPU reference implementation covers the case
+  std::map<std::string, double> reference_counters;
 };
 
 Prepared& prepared(const Technique& t, const Case& c) {
@@ -85,6 +86,7 @@ Prepared& prepared(const Technique& t, const Case& c) {
       auto w = i.make(c, *p.problem, *dev);
       w->run();
       p.reference = w->error();
+      w->add_counters(p.reference_counters);
       break;
     }
   return cache[key] = std::move(p);
@@ -122,20 +124,22 @@ TEST_P(Parity, ErrorAgainstTheFloat64OracleWithinTheTechniquesRule) {
   w->run();
   dev->synchronize();
   const ErrorStats e = w->error();
+  std::map<std::string, double> counters;
+  w->add_counters(counters);
   Impl judged_as = impl;
   ErrorStats ref = e;
+  std::map<std::string, double> ref_counters = counters;
   if (impl.role == Role::reference || !prep.reference) {
     judged_as.role = Role::reference;  // no reference covers this case: the implementation is judged as one
   } else {
     ref = *prep.reference;
+    ref_counters = prep.reference_counters;
   }
-  const Verdict v = judge_error(t, pc.kase, *prep.problem, judged_as, e, ref);
+  const Verdict v = judge_outputs(t, pc.kase, *prep.problem, judged_as, e, counters, ref, ref_counters);
   RecordProperty("verdict", v.why);  // the margin, in --gtest_output=json
   EXPECT_TRUE(v.pass) << pc.suite << "/" << pc.kase.id << "/" << pc.impl << " (" << backend_name(pc.backend)
                       << "): " << v.why;
 
-  std::map<std::string, double> counters;
-  w->add_counters(counters);
   for (const auto& [k, v] : counters)
     EXPECT_TRUE(declared(t, k)) << "counter '" << k << "' of " << pc.impl << " is not declared in technique "
                                 << t.name << "'s schema";
