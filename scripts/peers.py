@@ -87,14 +87,14 @@ def llc_bytes():
         return 32 << 20
 
 
-def time_call(torch, fn, repetitions, min_time_s, sync, cold=False):
+def time_call(torch, fn, repetitions, min_time_s, sync, cold=False, gpu=False):
     """Per-call real and CPU time of each repetition (ns), as memtrade's harness measures them: with `cold`,
     each of COLD_CALLS calls per repetition follows a pass over twice the last-level cache (on the GPU: a
     read of twice the L2, and the call timed by CUDA events), outside the timed region (memtrade's
     Work::cold_cache, for the memory-bound kernels)."""
     fn()
     sync()
-    if cold and sync is not None and getattr(sync, "__module__", "").startswith("torch.cuda"):
+    if cold and gpu:
         # On the GPU as memtrade's CudaDevice does it: read (not write: no dirty lines to drain inside the
         # timed call) a device buffer of twice the L2 size, then time each call with CUDA events.
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (64 << 20)
@@ -293,7 +293,8 @@ def records(torch, suite, technique, x_param, case_id, params, impl, fn, counter
             "technique": technique, "impl": impl, "role": "peer", "backend": backend, "case_id": case_id,
             "case": params, "x": params.get(x_param), "time_unit": "ns", "threads": 1}
     try:
-        iters, reps = time_call(torch, fn, reps_n, min_time_s, sync, cold=counters.get("cold", False))
+        iters, reps = time_call(torch, fn, reps_n, min_time_s, sync, cold=counters.get("cold", False),
+                                gpu=backend == "cuda")
     except Exception as e:  # a backend that does not take the case (dtype, GQA, head dim) is a result
         return [{**base, "status": "skipped", "status_detail": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
                  "run_type": "iteration", "repetitions": 1, "repetition_index": 0, "iterations": 0,
