@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one prepared check for a lent GPU (one H200, 16 cores; budget under 8 minutes):
-#   build for the GPU found (native architecture), run the CUDA tests (then the attention tests three more
-#   times, shuffled, and the kernels' tests under compute-sanitizer), probe the ceilings, run the quick
-#   suites on the CUDA backend, compare with the CUDA baseline when one is committed, run the long
-#   attention cases (bf16, d = 128, n = 1024..8192) and PyTorch on the same cases where it is present.
+#   build for the GPU found (native architecture), run the CUDA tests, probe the ceilings, run the quick
+#   suites on the CUDA backend and compare them with the CUDA baseline, run the long attention cases
+#   (bf16, d = 128, n = 1024..8192), PyTorch on the same cases where it is present, the report, then the
+#   attention tests three more times in shuffled order and the kernels' tests under compute-sanitizer.
 # Everything is written under build/gpu_check; since a device call returns at most 8 files, $OUT (when
 # set) receives only summary.txt, results.json, attention_long.json, peers.json, peers_long.json and
 # gpu_check.tar.gz (every log, the report and the rest).
