@@ -96,6 +96,19 @@ struct ChunkWord<16> {
   using type = uint4;
 };
 
+// E consecutive x values (E a multiple of 4, x 16-byte aligned) into registers with 128-bit loads.
+template <int E>
+__device__ __forceinline__ void load_x(const float* __restrict__ x, float (&xv)[E]) {
+#pragma unroll
+  for (int j = 0; j < E; j += 4) {
+    const float4 f = __ldg(reinterpret_cast<const float4*>(x + j));
+    xv[j] = f.x;
+    xv[j + 1] = f.y;
+    xv[j + 2] = f.z;
+    xv[j + 3] = f.w;
+  }
+}
+
 // A block's kBlockRows row sums (each thread's partial sums in acc): every warp's lanes combined by
 // shuffles, then the warps through shared memory; y[i] for i < rows.
 __device__ __forceinline__ void store_row_sums(const float (&acc)[kBlockRows], int rows, float* __restrict__ y) {
@@ -145,14 +158,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
       if (i < rows) w[i] = __ldg(reinterpret_cast<const Word*>(base + i * L.row_bytes) + c);
     float xv[kChunkCodes];
     if (n_e == kChunkCodes) {
-#pragma unroll
-      for (int j = 0; j < kChunkCodes / 4; ++j) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(x + e0) + j);
-        xv[4 * j] = f.x;
-        xv[4 * j + 1] = f.y;
-        xv[4 * j + 2] = f.z;
-        xv[4 * j + 3] = f.w;
-      }
+      load_x(x + e0, xv);
     } else {
 #pragma unroll
       for (int j = 0; j < kChunkCodes; ++j) xv[j] = j < n_e ? __ldg(x + e0 + j) : 0.f;
@@ -214,14 +220,7 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int i = 0; i < kBlockRows; ++i)
       if (i < rows) v[i] = __ldg(reinterpret_cast<const uint4*>(w + (r0 + i) * K) + c);
     float xv[E];
-#pragma unroll
-    for (int j = 0; j < E; j += 4) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(x + c * E + j));
-      xv[j] = f.x;
-      xv[j + 1] = f.y;
-      xv[j + 2] = f.z;
-      xv[j + 3] = f.w;
-    }
+    load_x(x + c * E, xv);
 #pragma unroll
     for (int i = 0; i < kBlockRows; ++i) {
       if (i >= rows) break;
@@ -282,10 +281,6 @@ void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, floa
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, Device& dev) {
   matvec_cuda(L, d_blob, d_x, d_y, as_cuda(dev).stream());
 }
-
-}  // namespace memtrade::quant
-
-namespace memtrade::quant {
 
 void matvec_dense_cuda(const float* d_w, const float* d_x, float* d_y, int64_t N, int64_t K, Device& dev) {
   launch_dense(d_w, d_x, d_y, N, K, as_cuda(dev).stream());
