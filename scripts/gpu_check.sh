@@ -24,6 +24,17 @@ steps=",${GPU_CHECK_STEPS:-tests,suites,long,peers,repeat,sanitizer},"
 step() { [[ "$steps" == *",$1,"* ]]; }
 left() { echo $(( deadline - $(date +%s) )); }
 has() { [ "$(left)" -ge "$1" ] || { log "skipped for time ($(left) s left, needs $1): $2"; return 1; }; }
+# merge_results OUT IN...: one results file holding the benchmarks of every IN that exists (the first's context).
+merge_results() {
+  python3 - "$@" <<'PY'
+import json, os, sys
+parts = [json.load(open(f)) for f in sys.argv[2:] if os.path.exists(f)]
+if parts:
+    for p in parts[1:]:
+        parts[0]["benchmarks"] += p["benchmarks"]
+    json.dump(parts[0], open(sys.argv[1], "w"))
+PY
+}
 finish() {
   if [ -n "$RET" ] && [ "$RET" != "$OUT" ]; then
     mkdir -p "$RET"
@@ -91,15 +102,7 @@ for n in ${GPU_CHECK_LONG_N:-8192 4096 2048 1024}; do  # one process per n: a ti
   log "long attention cases n=$n: rc $?"
   grep -E '/(naive|flash) ' "$OUT/attention_long_$n.log" | sed -E 's/ +/ /g' | cut -c1-220 | tee -a "$OUT/summary.txt"
 done
-python3 - "$OUT" <<'PY'
-import glob, json, sys
-files = sorted(glob.glob(f"{sys.argv[1]}/attention_long_*.json"))
-if files:
-    merged = json.load(open(files[0]))
-    for f in files[1:]:
-        merged["benchmarks"] += json.load(open(f))["benchmarks"]
-    json.dump(merged, open(f"{sys.argv[1]}/attention_long.json", "w"))
-PY
+merge_results "$OUT/attention_long.json" "$OUT"/attention_long_*.json
 
 if step suites && [ -f suites/baselines/cuda/quick.json ]; then
   $bin compare suites/baselines/cuda/quick.json "$OUT/results.json" --markdown "$OUT/compare.md" > "$OUT/compare.log" 2>&1
@@ -124,16 +127,7 @@ if step peers && has 90 "peers" && python3 -c "import torch; assert torch.cuda.i
       ${long_results:+--against "$long_results"} > "$OUT/peers_long_$n.log" 2>&1
     log "peers n=$n: rc $?"; tail -20 "$OUT/peers_long_$n.log" | tee -a "$OUT/summary.txt"
   done
-  python3 - "$OUT" <<'PY'
-import json, sys, os
-d = sys.argv[1]
-parts = [json.load(open(f"{d}/peers_long_{n}.json")) for n in (1024, 8192) if os.path.exists(f"{d}/peers_long_{n}.json")]
-if parts:
-    merged = parts[0]
-    for p in parts[1:]:
-        merged["benchmarks"] += p["benchmarks"]
-    json.dump(merged, open(f"{d}/peers_long.json", "w"))
-PY
+  merge_results "$OUT/peers_long.json" "$OUT"/peers_long_*.json
 fi
 if [ -f "$OUT/results.json" ] && python3 -c "import matplotlib" 2>/dev/null; then
   $bin report "$OUT/results.json" $peers -o "$OUT/report.html" > "$OUT/report.log" 2>&1 && log "report: $OUT/report.html"
