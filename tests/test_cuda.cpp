@@ -11,10 +11,12 @@
 #include "harness/runner.hpp"
 #include "impls/attention/attention.hpp"
 #include "impls/attention/tile_math.hpp"
+#include "impls/kvcache/decode_attention.hpp"
 #include "model/model.hpp"
 #include "model/train.hpp"
 #include "impls/quant/calibration.hpp"
 #include "impls/quant/matvec.hpp"
+#include "kv_fixtures.hpp"
 #include "model_fixtures.hpp"
 
 using namespace memtrade;
@@ -414,4 +416,55 @@ TEST(QuantCuda, DenseMatvecEqualsTheFloat64Product) {
       }
     }
   }
+}
+
+// The CUDA decode kernel against the float64 reference over the same stored records, for every storage
+// type, head sizes that fill the warp (128-bit slice loads) and ones that do not, MHA and grouped heads
+// (a group of 12 takes two thread blocks per KV head), one-token requests and ones of several splits;
+// paged (scattered block tables) and contiguous give the same bits; the same plan run twice too.
+TEST(KvCacheCuda, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEqualsContiguous) {
+  REQUIRE_CUDA();
+  using namespace memtrade::kvcache;
+  using namespace memtrade::test::kv;
+  auto host = make_cpu_device();
+  auto dev = make_cuda_device();
+  // (head_dim, query heads per KV head): partial lanes (16, 40), whole-slice loads of 2, 4 and 8 elements.
+  for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{16, 1}, {40, 12}, {64, 4}, {128, 1}, {128, 4}, {128, 12}, {256, 4}})
+    for (KvType t : kTypes) {
+      KvShape s{2, 2, hd, t};
+      random_static_scales(s, 4);
+      const int64_t heads = 2 * group, B = 4, max_len = 1300;  // 1300 tokens: three splits of 512
+      const uint64_t seed = 11 + static_cast<uint64_t>(hd);
+      const TwoLayouts h = two_layouts(*host, s, B, max_len, seed);
+      TwoLayouts d = two_layouts(*dev, s, B, max_len, seed, false);
+      for (int64_t b = 0; b < B; ++b) {
+        copy_tokens(*h.c, h.rc[b], *d.c, d.rc[b]);
+        copy_tokens(*h.p, h.rp[b], *d.p, d.rp[b]);
+      }
+      const auto q = normals(B * heads * hd, 78);
+      const std::size_t bytes = q.size() * 4;
+      Buffer dq(dev->memory(), bytes, Tag::io), dout(dev->memory(), bytes, Tag::io);
+      dev->copy(dq.data(), q.data(), bytes, CopyKind::host_to_device);
+      const std::string what = std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd) + " group " + std::to_string(group);
+      for (int64_t l = 0; l < s.layers; ++l) {
+        std::vector<float> oc(q.size()), op(q.size()), again(q.size());
+        CudaDecode kc(*dev, plan_decode(*d.c, d.rc, l, heads)), kp(*dev, plan_decode(*d.p, d.rp, l, heads));
+        kc.run(dq.as<float>(), dout.as<float>());
+        dev->copy(oc.data(), dout.data(), bytes, CopyKind::device_to_host);
+        kp.run(dq.as<float>(), dout.as<float>());
+        dev->copy(op.data(), dout.data(), bytes, CopyKind::device_to_host);
+        kp.run(dq.as<float>(), dout.as<float>());
+        dev->copy(again.data(), dout.data(), bytes, CopyKind::device_to_host);
+        ASSERT_EQ(std::memcmp(oc.data(), op.data(), bytes), 0) << what << " layer " << l << ": paged != contiguous";
+        ASSERT_EQ(std::memcmp(op.data(), again.data(), bytes), 0) << what << ": two runs differ";
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<double> ref(heads * hd);
+          decode_attention_ref(*h.c, h.rc[b], l, &q[b * heads * hd], heads, ref.data());
+          const auto e = error_stats(std::vector<double>(op.begin() + b * heads * hd, op.begin() + (b + 1) * heads * hd), ref);
+          ASSERT_EQ(e.nan_count + e.inf_count, 0) << what;
+          ASSERT_LE(e.rel_l2, 2.0 * (hd + h.len[b] + 8) * std::ldexp(1.0, -24))
+              << what << " layer " << l << " request " << b << " (" << h.len[b] << " tokens)";
+        }
+      }
+    }
 }

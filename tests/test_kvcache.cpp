@@ -15,50 +15,18 @@
 #include "datasets/random.hpp"
 #include "impls/kvcache/decode_attention.hpp"
 #include "impls/kvcache/decoder.hpp"
+#include "impls/kvcache/record.hpp"
 #include "impls/kvcache/serving.hpp"
 #include "model/train.hpp"
 #include "model_fixtures.hpp"
+#include "kv_fixtures.hpp"
 #include "simd_targets.hpp"
 
 using namespace memtrade;
 using namespace memtrade::kvcache;
+using namespace memtrade::test::kv;
 
 namespace {
-
-constexpr KvType kTypes[] = {KvType::f32,      KvType::bf16,            KvType::f16,  KvType::int8,
-                             KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4, KvType::int4_smooth};
-
-// fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s; int4-smooth factors in
-// [1/8, 8) for every (layer, kv head, channel).
-void random_static_scales(KvShape& s, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  if (s.type == KvType::fp8_e4m3_static) {
-    s.static_scales.resize(static_cast<std::size_t>(s.layers * 2 * s.kv_heads));
-    for (float& x : s.static_scales) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -1 + static_cast<int>(rng() % 2));
-  }
-  if (s.type == KvType::int4_smooth) {
-    s.key_smoothing.resize(static_cast<std::size_t>(s.layers * s.kv_heads * s.head_dim));
-    for (float& x : s.key_smoothing) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -3 + static_cast<int>(rng() % 6));
-  }
-}
-
-std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(datasets::normal(seed, i));
-  return v;
-}
-
-// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos).
-void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
-  const KvShape& s = c.shape();
-  for (int64_t l = 0; l < s.layers; ++l) {
-    uint8_t* e = c.entry(r, l, pos);
-    for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
-      const auto x = normals(s.head_dim, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
-      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
-    }
-  }
-}
 
 // ||a - ref|| / ||ref|| in double.
 double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
@@ -253,48 +221,90 @@ TEST(KvCache, RunningOutIsARefusalNotACrash) {
 
 TEST(DecodeAttention, PagedEqualsContiguousBitForBitOverRandomBlockTables) {
   auto dev = make_cpu_device();
-  std::mt19937_64 rng(9);
   for (const int64_t hd : {32, 20})  // 20: the in-order dot of head sizes that are not a multiple of 16
   for (KvType t : kTypes) {
     KvShape s{2, 2, hd, t};
     random_static_scales(s, 4);
-    const int64_t heads = 6, B = 5, max_len = 300;
-    std::vector<int64_t> len(B);
-    for (int64_t b = 0; b < B; ++b) len[b] = 1 + static_cast<int64_t>(rng() % max_len);
-    len[B - 1] = max_len;
-    ContiguousCache c(*dev, s);
-    PagedCache p(*dev, s, 16, 4096);  // thousands of blocks; the requests' blocks land in random places
-    std::vector<int32_t> scratch;  // hold random blocks so that the tables are scattered
-    const int64_t hold = p.add(4096 * 16);
-    std::vector<int64_t> rc, rp;
-    for (int64_t b = 0; b < B; ++b) {
-      rc.push_back(c.add(max_len));
-      rp.push_back(p.add(max_len));
-    }
-    std::vector<int64_t> order;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < len[b]; ++i) order.push_back(b);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int64_t b : order) {
-      for (int k = static_cast<int>(rng() % 3); k > 0; --k) p.append(hold);
-      ASSERT_TRUE(c.append(rc[b]));
-      ASSERT_TRUE(p.append(rp[b]));
-      write_token(c, rc[b], c.length(rc[b]) - 1, static_cast<uint64_t>(b));
-      write_token(p, rp[b], p.length(rp[b]) - 1, static_cast<uint64_t>(b));
-    }
+    const int64_t heads = 6, B = 5;
+    const TwoLayouts x = two_layouts(*dev, s, B, 300, 9 + static_cast<uint64_t>(hd));
     const auto q = normals(B * heads * s.head_dim, 77);
     std::vector<float> oc(q.size()), op(q.size());
     for (int64_t l = 0; l < s.layers; ++l) {
-      decode_attention(c, rc, l, q.data(), heads, oc.data());
-      decode_attention(p, rp, l, q.data(), heads, op.data());
+      decode_attention(*x.c, x.rc, l, q.data(), heads, oc.data());
+      decode_attention(*x.p, x.rp, l, q.data(), heads, op.data());
       EXPECT_EQ(std::memcmp(oc.data(), op.data(), oc.size() * 4), 0) << kv_type_name(t) << " layer " << l;
       for (int64_t b = 0; b < B; ++b) {
         std::vector<double> ref(heads * s.head_dim);
-        decode_attention_ref(c, rc[b], l, &q[b * heads * s.head_dim], heads, ref.data());
+        decode_attention_ref(*x.c, x.rc[b], l, &q[b * heads * s.head_dim], heads, ref.data());
         const auto e = error_stats(std::vector<double>(op.begin() + b * heads * s.head_dim,
                                                        op.begin() + (b + 1) * heads * s.head_dim),
                                    ref);
-        EXPECT_LE(e.rel_l2, 2.0 * (s.head_dim + len[b] + 8) * std::ldexp(1.0, -24)) << kv_type_name(t);
+        EXPECT_LE(e.rel_l2, 2.0 * (s.head_dim + x.len[b] + 8) * std::ldexp(1.0, -24)) << kv_type_name(t);
+      }
+    }
+  }
+}
+
+TEST(DecodePlan, EntriesAreTheCachesAndSplitsCoverEveryTokenInOrder) {
+  auto dev = make_cpu_device();
+  for (const int64_t hd : {128, 40})
+    for (KvType t : {KvType::f32, KvType::int8, KvType::int4, KvType::fp8_e4m3_static}) {
+      KvShape s{2, 3, hd, t};
+      const TwoLayouts x = two_layouts(*dev, s, 4, 1100, 5, false);
+      for (const bool paged : {false, true}) {
+        const KvCache& c = paged ? static_cast<const KvCache&>(*x.p) : *x.c;
+        const auto& reqs = paged ? x.rp : x.rc;
+        for (int64_t l = 0; l < s.layers; ++l) {
+          const DecodePlan p = plan_decode(c, reqs, l, 6, 512);
+          ASSERT_EQ(p.length.size(), reqs.size());
+          int64_t k = 0;
+          for (std::size_t b = 0; b < reqs.size(); ++b) {
+            EXPECT_EQ(p.block_tokens[b], paged && x.len[b] > 16 ? 16 : x.len[b]) << "a contiguous request (or one block) is one block";
+            for (int64_t pos = 0; pos < x.len[b]; ++pos)
+              ASSERT_EQ(plan_entry(p.blocks.data(), p.first_block[b], p.block_tokens[b], p.entry_bytes, pos),
+                        const_cast<KvCache&>(c).entry(reqs[b], l, pos))
+                  << kv_type_name(t) << (paged ? " paged" : " contiguous") << " request " << b << " token " << pos;
+            // Splits of 512 positions in order; several take consecutive workspace slots.
+            const int64_t n = (x.len[b] + 511) / 512;
+            EXPECT_EQ(p.first_slot[b + 1] - p.first_slot[b], n > 1 ? n : 0);
+            for (int64_t i = 0; i < n; ++i, ++k) {
+              EXPECT_EQ(p.split_req[k], static_cast<int32_t>(b));
+              EXPECT_EQ(p.split_from[k], i * 512);
+              EXPECT_EQ(p.split_to[k], std::min<int64_t>(x.len[b], (i + 1) * 512));
+              EXPECT_EQ(p.split_slot[k], n > 1 ? p.first_slot[b] + i : -1);
+            }
+          }
+          EXPECT_EQ(static_cast<int64_t>(p.split_req.size()), k);
+          // Whole-slice loads need head_dim = 32 x lane elements: 128 yes, 40 no.
+          EXPECT_EQ(p.vector_loads, hd == 128) << kv_type_name(t) << " head_dim " << hd;
+        }
+      }
+    }
+  KvShape s{1, 2, 16, KvType::f32};
+  const TwoLayouts x = two_layouts(*dev, s, 2, 10, 1, false);
+  expect_error_naming([&] { plan_decode(*x.c, x.rc, 0, 3, 512); }, "multiple of kv_heads");
+  expect_error_naming([&] { plan_decode(*x.c, x.rc, 0, 4, 0); }, "split_tokens");
+}
+
+TEST(KvRecords, LaneSlicesCutIntoTheRecordsCodes) {
+  std::mt19937_64 rng(3);
+  for (KvType t : kTypes) {
+    const int64_t hd = 256;
+    const KvShape s{1, 1, hd, t};
+    std::vector<uint8_t> r(static_cast<std::size_t>(s.head_bytes()));
+    for (auto& b : r) b = static_cast<uint8_t>(rng());
+    for (const int e : {2, 4, 8}) {
+      const int64_t slice = e * s.elem_bits() / 8;
+      for (int lane = 0; lane < 32; ++lane) {
+        uint32_t w[8] = {};
+        std::memcpy(w, r.data() + lane * slice, static_cast<std::size_t>(slice));
+        for (int i = 0; i < e; ++i) {
+          const uint32_t c = s.elem_bits() == 32 ? slice_code<32>(w, i)
+                             : s.elem_bits() == 16 ? slice_code<16>(w, i)
+                             : s.elem_bits() == 8  ? slice_code<8>(w, i)
+                                                   : slice_code<4>(w, i);
+          ASSERT_EQ(c, record_code(t, r.data(), lane * e + i)) << kv_type_name(t) << " E " << e << " lane " << lane;
+        }
       }
     }
   }

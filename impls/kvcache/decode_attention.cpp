@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <omp.h>
 #include <vector>
 
@@ -157,5 +158,66 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
     for (int64_t i = 0; i < hd; ++i) o[i] = o[i] * inv * v_scale;
   }
 }
+
+DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, int64_t heads,
+                       int64_t split_tokens) {
+  check(c, heads);
+  MT_CHECK(split_tokens > 0, "decode attention: split_tokens must be positive (got " + std::to_string(split_tokens) + ")");
+  c.require_staged(reqs, layer);
+  const KvShape& s = c.shape();
+  DecodePlan p;
+  p.type = s.type;
+  p.heads = heads;
+  p.kv_heads = s.kv_heads;
+  p.group = heads / s.kv_heads;
+  p.head_dim = s.head_dim;
+  p.head_bytes = s.head_bytes();
+  p.entry_bytes = s.entry_bytes();
+  p.split_tokens = split_tokens;
+  p.first_block.push_back(0);
+  p.first_slot.push_back(0);
+  for (std::size_t b = 0; b < reqs.size(); ++b) {
+    const int64_t n = c.length(reqs[b]);
+    MT_CHECK(n > 0 && n < (int64_t{1} << 31), "decode attention: a request has no cached token (or over 2^31)");
+    // The request's runs, cut into blocks of one length: the gcd of every run's length but the last, so
+    // that each run starts on a block boundary (a contiguous request is one block).
+    std::vector<std::pair<const uint8_t*, int64_t>> runs;
+    c.runs(reqs[b], layer, [&](const uint8_t* e, int64_t, int64_t count) { runs.emplace_back(e, count); });
+    int64_t bt = 0;
+    for (std::size_t i = 0; i + 1 < runs.size(); ++i) bt = std::gcd(bt, runs[i].second);
+    if (bt == 0) bt = n;
+    for (const auto& [e, count] : runs)
+      for (int64_t t = 0; t < count; t += bt) p.blocks.push_back(reinterpret_cast<uint64_t>(e + t * p.entry_bytes));
+    p.first_block.push_back(static_cast<int64_t>(p.blocks.size()));
+    p.block_tokens.push_back(static_cast<int32_t>(bt));
+    p.length.push_back(static_cast<int32_t>(n));
+    const int64_t splits = (n + split_tokens - 1) / split_tokens;
+    for (int64_t k = 0; k < splits; ++k) {
+      p.split_req.push_back(static_cast<int32_t>(b));
+      p.split_from.push_back(static_cast<int32_t>(k * split_tokens));
+      p.split_to.push_back(static_cast<int32_t>(std::min(n, (k + 1) * split_tokens)));
+      p.split_slot.push_back(splits > 1 ? p.first_slot.back() + static_cast<int32_t>(k) : -1);
+    }
+    p.first_slot.push_back(p.first_slot.back() + static_cast<int32_t>(splits > 1 ? splits : 0));
+  }
+  for (int64_t g = 0; g < s.kv_heads; ++g) {
+    p.qk_scale.push_back(s.scale(layer, 0, g) / std::sqrt(static_cast<float>(s.head_dim)));
+    p.v_scale.push_back(s.scale(layer, 1, g));
+    if (const float* f = s.smoothing(layer, g)) p.smooth.insert(p.smooth.end(), f, f + s.head_dim);
+  }
+  // A lane's slice of a record (lane_elems elements) is loaded whole when head_dim fills the warp and
+  // every record starts at a multiple of the slice's bytes (up to 16: wider slices take two loads).
+  const int64_t e = lane_elems(s.head_dim), slice = e * s.elem_bits() / 8, align = std::min<int64_t>(slice, 16);
+  p.vector_loads = s.head_dim == 32 * e && slice >= 1 && p.head_bytes % align == 0 &&
+                   std::all_of(p.blocks.begin(), p.blocks.end(), [&](uint64_t a) { return a % align == 0; });
+  return p;
+}
+
+#ifndef MEMTRADE_WITH_CUDA
+struct CudaDecode::Impl {};
+CudaDecode::CudaDecode(Device&, DecodePlan plan) : plan_(std::move(plan)) { throw Skip(cuda_status().reason); }
+CudaDecode::~CudaDecode() = default;
+void CudaDecode::run(const float*, float*) { throw Skip(cuda_status().reason); }
+#endif
 
 }  // namespace memtrade::kvcache

@@ -17,11 +17,24 @@
 //                          count (head ranges, which follow the thread count, do not change the arithmetic).
 //                          int4-smooth multiplies the queries by the key smoothing factors first, in a
 //                          workspace of reqs x heads x head_dim floats, and reads the records as int4.
+//
+// CUDA (decode_kernels.cuh, launched by decode_attention.cu), the same flash-decoding over a block table
+// as vLLM's PagedAttention reads it: plan_decode() lists, on the host, where each request's tokens live (its runs of entries cut into
+// blocks of one length per request: the paged cache's blocks, or one block for a contiguous request) and
+// the splits; CudaDecode uploads that plan once into the device pool (tag workspace) and runs it. One
+// thread block per (split, KV head, up to 8 of its query heads); each of its 4 warps takes tokens of the
+// split in turn, a few at a time (their K and V loads in flight together), each lane holding a slice of
+// head_dim (128-bit loads where the records allow); scores by warp shuffles, the online softmax per query
+// head, the 4 warps merged in shared memory, and a request of several splits merged by a second kernel
+// in split order. Tokens go to warps by position only, so paged and contiguous caches give the same bits.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
+#include "common/common.hpp"
 #include "impls/kvcache/kv_cache.hpp"
 
 namespace memtrade::kvcache {
@@ -42,5 +55,59 @@ int64_t decode_splits(int64_t tokens, int64_t split_tokens = kDecodeSplitTokens)
 
 // Bytes the kernel reads from the cache for one request at one layer (every K and V record).
 inline int64_t decode_bytes_read(const KvCache& c, int64_t req) { return c.length(req) * c.shape().entry_bytes(); }
+
+// ---- CUDA ----
+
+constexpr int64_t kCudaSplitTokens = 512;  // default split of a request's context on CUDA
+
+// Where a decode step's tokens live and how it is cut, for `reqs` at `layer` (host side; addresses are
+// the cache device's).
+struct DecodePlan {
+  KvType type = KvType::f32;
+  int64_t heads = 0, kv_heads = 0, group = 0, head_dim = 0, head_bytes = 0, entry_bytes = 0, split_tokens = 0;
+  // Request b's token t has its entry at blocks[first_block[b] + t / block_tokens[b]] +
+  // (t % block_tokens[b]) * entry_bytes (plan_entry).
+  std::vector<uint64_t> blocks;
+  std::vector<int64_t> first_block;  // reqs + 1
+  std::vector<int32_t> block_tokens, length;
+  // Split k covers positions [split_from[k], split_to[k]) of request split_req[k]; a request of several
+  // splits keeps each in workspace slot split_slot[k] (-1: the request's only split, written to out).
+  std::vector<int32_t> split_req, split_from, split_to, split_slot;
+  std::vector<int32_t> first_slot;  // reqs + 1: request b's slots are [first_slot[b], first_slot[b + 1])
+  // Per KV head: 1 / sqrt(head_dim) x the static K scale, and the static V scale; int4-smooth's key
+  // smoothing factors [kv_heads][head_dim] (empty for the other types).
+  std::vector<float> qk_scale, v_scale, smooth;
+  // Whether each lane loads its slice of a record whole (up to two 128-bit loads): head_dim is 32 x the
+  // lane's elements and every record is aligned to the slice's bytes (at most 16).
+  bool vector_loads = false;
+};
+// split_tokens: positive; Error for a request with no token or heads that kv_heads does not divide.
+DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, int64_t heads,
+                       int64_t split_tokens = kCudaSplitTokens);
+
+// Request b's token t's entry, as the kernel computes it.
+MT_HD const uint8_t* plan_entry(const uint64_t* blocks, int64_t first_block, int64_t block_tokens,
+                                int64_t entry_bytes, int64_t t) {
+  return reinterpret_cast<const uint8_t*>(blocks[first_block + t / block_tokens]) + (t % block_tokens) * entry_bytes;
+}
+
+// Elements of head_dim each lane of a warp holds: 2, 4 or 8 (head_dim up to 256).
+MT_HD int lane_elems(int64_t head_dim) { return head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8; }
+
+// A plan on a CUDA device: its arrays and the split workspace (slots x heads x (head_dim + 2) floats) in
+// the device pool (tag workspace). run() is one decode step: q and out are device arrays [reqs x heads x
+// head_dim] fp32. Skip without CUDA.
+class CudaDecode {
+ public:
+  CudaDecode(Device& dev, DecodePlan plan);
+  ~CudaDecode();
+  void run(const float* q, float* out);
+  const DecodePlan& plan() const { return plan_; }
+
+ private:
+  struct Impl;
+  DecodePlan plan_;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace memtrade::kvcache

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/dtype.hpp"
+#include "impls/kvcache/record.hpp"
 #include "impls/quant/formats.hpp"
 
 namespace memtrade::kvcache {
@@ -111,34 +112,15 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales s
 }
 
 void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, RecordScales sc) {
-  switch (t) {
-    case KvType::fp8_e4m3_static:
-      for (int64_t i = 0; i < n; ++i) x[i] = sc.scale * quant::fp8_e4m3_decode(r[i]);
-      return;
-    case KvType::f32: std::memcpy(x, r, n * 4); return;
-    case KvType::bf16:
-    case KvType::f16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, r + 2 * i, 2);
-        x[i] = t == KvType::bf16 ? to_float(bf16_t{b}) : to_float(f16_t{b});
-      }
-      return;
-    case KvType::int4: decode_int4_head(r, n, x); return;
-    case KvType::int4_smooth:
-      decode_int4_head(r, n, x);
-      if (sc.smooth)
-        for (int64_t i = 0; i < n; ++i) x[i] *= sc.smooth[i];
-      return;
-    case KvType::int8:
-    case KvType::fp8_e4m3: {
-      float s;
-      std::memcpy(&s, r + n, 4);
-      for (int64_t i = 0; i < n; ++i)
-        x[i] = s * (t == KvType::int8 ? static_cast<float>(static_cast<int8_t>(r[i])) : quant::fp8_e4m3_decode(r[i]));
-      return;
-    }
+  if (t == KvType::f32) {
+    std::memcpy(x, r, n * 4);
+    return;
   }
+  // The record's scale, or the shape's static one; 1 for the 16-bit types (1 x v = v exactly).
+  const float s = t == KvType::fp8_e4m3_static ? sc.scale : record_scale(t, r, n);
+  for (int64_t i = 0; i < n; ++i) x[i] = s * record_value(t, r, i);
+  if (t == KvType::int4_smooth && sc.smooth)
+    for (int64_t i = 0; i < n; ++i) x[i] *= sc.smooth[i];
 }
 
 int64_t KvCache::used_bytes() const {

@@ -9,6 +9,7 @@
 // server's do), and paged-offload (the newest hot_tokens of each request on the device, the older blocks
 // in the host pool, staged to the device before every step: the copy's time is in the step's; its bytes
 // at PCIe 4 / 5 speeds are given as a model). Time per decode step; bandwidth over the K/V bytes read.
+// contiguous and paged also run on CUDA (decode_attention.cu), the cache in the device pool.
 //
 // `kvcache_model`: SmolLM2-135M (model/gguf_model.hpp) run by the decoder (decoder.hpp), teacher forced
 // through the cache token by token on validation windows of the tokenized fortunes corpus, per KV
@@ -43,7 +44,9 @@ struct DecodeProblem final : Problem {
   std::vector<double> oracle;  // [batch][heads][hd]
 };
 
-// Fills a cache with the problem's tokens, appending round-robin across requests.
+// Fills a cache with the problem's tokens, appending round-robin across requests; each entry is encoded
+// on the host and copied to the cache's device (a memcpy on the CPU) right after its append, before an
+// offloading cache moves its block to the host.
 std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
   std::vector<int64_t> reqs;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -51,16 +54,17 @@ std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
     if (r < 0) throw OutOfMemory("device", "kv", static_cast<std::size_t>(p.context * p.shape.token_bytes()), 0, 0);
     reqs.push_back(r);
   }
-  const int64_t hd = p.shape.head_dim, kvh = p.shape.kv_heads;
+  const int64_t hd = p.shape.head_dim, kvh = p.shape.kv_heads, hb = p.shape.head_bytes();
+  std::vector<uint8_t> e(static_cast<std::size_t>(p.shape.entry_bytes()));
   for (int64_t t = 0; t < p.context; ++t)
     for (int64_t b = 0; b < p.batch; ++b) {
       MT_CHECK(c.append(reqs[b]), "kvcache: the cache refused a token it was sized for");
-      uint8_t* e = c.entry(reqs[b], 0, t);
       for (int64_t h = 0; h < kvh; ++h) {
         const int64_t off = ((b * p.context + t) * kvh + h) * hd;
-        encode_head(p.shape.type, &p.k[off], hd, e + h * p.shape.head_bytes());
-        encode_head(p.shape.type, &p.v[off], hd, e + (kvh + h) * p.shape.head_bytes());
+        encode_head(p.shape.type, &p.k[off], hd, &e[h * hb]);
+        encode_head(p.shape.type, &p.v[off], hd, &e[(kvh + h) * hb]);
       }
+      c.device().copy(c.entry(reqs[b], 0, t), e.data(), e.size(), CopyKind::host_to_device);
     }
   return reqs;
 }
@@ -107,8 +111,9 @@ std::unique_ptr<PagedCache> offload_cache(Device& dev, const KvShape& s, int64_t
 
 class DecodeWorkload final : public Workload {
  public:
-  DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p) {
-    if (dev.backend() != Backend::cpu) throw Skip("the KV cache kernels run on the CPU (the CUDA paged kernel is not written yet)");
+  DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p), dev_(dev) {
+    const bool cuda = dev.backend() == Backend::cuda;
+    if (cuda && offload) throw Skip("paged-offload runs on the CPU (the CUDA copies overlapped with the kernel are not written)");
     if (offload) {
       auto c = offload_cache(dev, p.shape, p.block, p.hot_tokens, p.batch, p.context);
       offload_ = c.get();
@@ -120,15 +125,22 @@ class DecodeWorkload final : public Workload {
     }
     reqs_ = fill(*cache_, p);
     out_ = Buffer(dev.memory(), p.oracle.size() * sizeof(float), Tag::io);
+    if (cuda) {  // the queries on the device, and the block table uploaded once (the cache does not change)
+      q_ = Buffer(dev.memory(), p.q.size() * sizeof(float), Tag::io);
+      dev.copy(q_.data(), p.q.data(), p.q.size() * sizeof(float), CopyKind::host_to_device);
+      cuda_ = std::make_unique<CudaDecode>(dev, plan_decode(*cache_, reqs_, 0, p.heads));
+    }
   }
   void run() override {
+    if (cuda_) return cuda_->run(q_.as<float>(), out_.as<float>());
     if (offload_) offload_->reset_traffic();
     cache_->stage(reqs_, 0);
     decode_attention(*cache_, reqs_, 0, p_.q.data(), p_.heads, out_.as<float>());
   }
   ErrorStats error() override {
-    const float* o = out_.as<float>();
-    return error_stats(std::vector<double>(o, o + p_.oracle.size()), p_.oracle);
+    std::vector<float> o(p_.oracle.size());
+    dev_.copy(o.data(), out_.data(), o.size() * sizeof(float), CopyKind::device_to_host);
+    return error_stats(std::vector<double>(o.begin(), o.end()), p_.oracle);
   }
   Work work() const override {
     Work w;
@@ -155,10 +167,12 @@ class DecodeWorkload final : public Workload {
 
  private:
   const DecodeProblem& p_;
+  Device& dev_;
   std::unique_ptr<KvCache> cache_;
   PagedCache* offload_ = nullptr;  // cache_, when it offloads
   std::vector<int64_t> reqs_;
-  Buffer out_;
+  Buffer out_, q_;                     // q_: CUDA only
+  std::unique_ptr<CudaDecode> cuda_;  // the CUDA kernel's plan (CUDA only)
 };
 
 // ---- kvcache_model: perplexity through the cache ----
@@ -512,13 +526,17 @@ ClaimResult check_kv70(const ClaimSpec& spec, const std::vector<Record>& recs) {
               " contiguous cases of this run; band " + band.str()};
 }
 
-// Both layouts of one technique: contiguous (the reference) and paged, each the workload W(p, paged, dev).
+// Both layouts of one technique: contiguous (the reference) and paged, each the workload W(p, paged, dev),
+// on the CPU and, with `cuda`, on CUDA too.
 template <class P, class W>
-void add_layouts(Technique& t, const char* contiguous, const char* paged) {
-  t.impls.push_back(typed_impl<P>(t.name, "contiguous", Role::reference, Backend::cpu, contiguous,
-                                  [](const P& p, Device& d) { return std::make_unique<W>(p, false, d); }));
-  t.impls.push_back(typed_impl<P>(t.name, "paged", Role::optimized, Backend::cpu, paged,
-                                  [](const P& p, Device& d) { return std::make_unique<W>(p, true, d); }));
+void add_layouts(Technique& t, const char* contiguous, const char* paged, bool cuda = false) {
+  for (Backend be : {Backend::cpu, Backend::cuda}) {
+    if (be == Backend::cuda && !cuda) break;
+    t.impls.push_back(typed_impl<P>(t.name, "contiguous", Role::reference, be, contiguous,
+                                    [](const P& p, Device& d) { return std::make_unique<W>(p, false, d); }));
+    t.impls.push_back(typed_impl<P>(t.name, "paged", Role::optimized, be, paged,
+                                    [](const P& p, Device& d) { return std::make_unique<W>(p, true, d); }));
+  }
 }
 
 // paged-offload, where a request is longer than the hot window (`length`: the case's tokens per request).
@@ -574,7 +592,9 @@ void register_technique(Registry& r) {
     t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
     t.prepare = prepare_decode;
     add_layouts<DecodeProblem, DecodeWorkload>(t, "fp32 online-softmax kernel over per-request reserved ranges",
-                                               "the same kernel over block tables of a shared block pool");
+                                               "the same kernel over block tables of a shared block pool (CUDA: the "
+                                               "table uploaded once, as the cache does not change between steps)",
+                                               true);
     add_offload<DecodeProblem, DecodeWorkload>(t, "context",
                                                "paged; each request's newest hot_tokens on the device, older blocks in "
                                                "the host pool, staged back to the device before the kernel every step "

@@ -1,0 +1,289 @@
+// The CUDA decode-attention kernels (decode_attention.hpp describes the scheme) and the choice of the
+// split kernel's instantiation for a plan. decode_attention.cu launches them on a device; the same code
+// also compiles as host C++ under the tests' CUDA emulation (tests/cuda_emulation.hpp: one thread per
+// CUDA thread, warps meeting at each shuffle), so that CPU-only CI runs the kernels' indexing and
+// arithmetic (not their memory model or speed) against the float64 reference. Records are decoded with
+// record.hpp's functions, the ones decode_head uses on the host; the softmax uses tile_math.hpp's
+// exp_approx, as the CPU kernels do. Device code here keeps to what the emulation provides: threadIdx.x,
+// blockIdx.x/y, __shared__ arrays, __syncthreads, __shfl_xor_sync, uint2/uint4, fmaf/fmaxf/min.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "impls/attention/tile_math.hpp"
+#include "impls/kvcache/decode_attention.hpp"
+#include "impls/kvcache/record.hpp"
+
+namespace memtrade::kvcache::decode_kernels {
+
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kMaxGroup = 8;
+
+// The plan's arrays on the device, and what the kernels read.
+struct Args {
+  const uint64_t* blocks;
+  const int64_t* first_block;
+  const int32_t *block_tokens, *split_req, *split_from, *split_to, *split_slot, *first_slot;
+  const float *qk_scale, *v_scale, *smooth;  // smooth: nullptr unless int4-smooth
+  const float* q;
+  float *out, *ws;
+  int64_t entry_bytes, head_bytes;
+  int kv_heads, group, heads, hd, chunks;  // chunks: thread blocks per KV head (ceil(group / GM))
+};
+
+constexpr int bits_of(KvType t) {
+  return t == KvType::f32 ? 32 : (t == KvType::bf16 || t == KvType::f16) ? 16 : (t == KvType::int4 || t == KvType::int4_smooth) ? 4 : 8;
+}
+
+// The codes of a lane's slice of a record: elements lane * E .. lane * E + E - 1. kVec: head_dim = 32 E and
+// the slice is aligned, loaded whole (up to two 128-bit loads) and cut into codes; otherwise code by code,
+// codes past head_dim 0.
+template <KvType K, int E, bool kVec>
+__device__ __forceinline__ void load_codes(const uint8_t* __restrict__ r, int lane, int hd, uint32_t (&c)[E]) {
+  constexpr int B = bits_of(K), SB = E * B / 8;  // bits per code, bytes per slice
+  if constexpr (kVec) {
+    const uint8_t* p = r + lane * SB;
+    uint32_t w[SB >= 4 ? SB / 4 : 1];
+    if constexpr (SB >= 16) {
+#pragma unroll
+      for (int k = 0; k < SB / 16; ++k) {
+        const uint4 v = reinterpret_cast<const uint4*>(p)[k];
+        w[4 * k] = v.x;
+        w[4 * k + 1] = v.y;
+        w[4 * k + 2] = v.z;
+        w[4 * k + 3] = v.w;
+      }
+    } else if constexpr (SB == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x;
+      w[1] = v.y;
+    } else if constexpr (SB == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else if constexpr (SB == 2) {
+      w[0] = *reinterpret_cast<const uint16_t*>(p);
+    } else {
+      w[0] = *p;
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) c[e] = slice_code<B>(w, e);
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = lane * E + e;
+      c[e] = i < hd ? record_code(K, r, i) : 0u;
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;  // the same bits in every lane: each step adds the same two values in either order
+}
+
+// One split of one request, for up to GM query heads of one KV head: grid (kv_heads x chunks, splits).
+// U tokens per warp step have their K and V loads issued together.
+template <KvType K, int E, bool kVec, int GM>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
+  constexpr int U = bits_of(K) >= 16 ? 2 : 4;
+  __shared__ float sm_m[kWarps][GM], sm_l[kWarps][GM];
+  __shared__ float sm_o[kWarps][GM][256];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sp = blockIdx.y, g = blockIdx.x / a.chunks, hc = (blockIdx.x % a.chunks) * GM;
+  const int b = a.split_req[sp], from = a.split_from[sp], to = a.split_to[sp], slot = a.split_slot[sp];
+  const int h0 = g * a.group + hc, gcount = min(GM, a.group - hc), hd = a.hd;
+
+  // The queries, times 1 / sqrt(head_dim), the static K scale and (int4-smooth) the smoothing factors;
+  // zero for heads past the group and elements past head_dim.
+  float q[GM][E], acc[GM][E], m[GM], l[GM];
+#pragma unroll
+  for (int j = 0; j < GM; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = lane * E + e;
+      float v = 0.f;
+      if (j < gcount && i < hd) {
+        v = a.q[(static_cast<int64_t>(b) * a.heads + h0 + j) * hd + i] * a.qk_scale[g];
+        if (a.smooth) v *= a.smooth[g * hd + i];
+      }
+      q[j][e] = v;
+      acc[j][e] = 0.f;
+    }
+  }
+  const uint64_t* blocks = a.blocks + a.first_block[b];
+  const int bt = a.block_tokens[b];
+  const int64_t koff = g * a.head_bytes, voff = (a.kv_heads + g) * a.head_bytes;
+
+  for (int t0 = from + warp * U; t0 < to; t0 += kWarps * U) {
+    uint32_t kc[U][E], vc[U][E];
+    float ks[U], vs[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t0 + u < to) {
+        const uint8_t* e = plan_entry(blocks, 0, bt, a.entry_bytes, t0 + u);
+        load_codes<K, E, kVec>(e + koff, lane, hd, kc[u]);
+        load_codes<K, E, kVec>(e + voff, lane, hd, vc[u]);
+        ks[u] = record_scale(K, e + koff, hd);
+        vs[u] = record_scale(K, e + voff, hd);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t0 + u >= to) break;
+      float kv[E], vv[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kv[e] = code_value(K, kc[u][e]);
+        vv[e] = code_value(K, vc[u][e]);
+      }
+#pragma unroll
+      for (int j = 0; j < GM; ++j) {
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) d = fmaf(q[j][e], kv[e], d);
+        const float s = warp_sum(d) * ks[u];
+        if (s > m[j]) {  // a new max: rescale what was accumulated (uniform across the warp)
+          const float c = attention::exp_approx(m[j] - s);
+          l[j] *= c;
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[j][e] *= c;
+          m[j] = s;
+        }
+        const float p = attention::exp_approx(s - m[j]);
+        l[j] += p;
+        const float pv = p * vs[u];
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[j][e] = fmaf(pv, vv[e], acc[j][e]);
+      }
+    }
+  }
+
+  // The warps' partial softmaxes merged under their largest max.
+#pragma unroll
+  for (int j = 0; j < GM; ++j) {
+    if (lane == 0) {
+      sm_m[warp][j] = m[j];
+      sm_l[warp][j] = l[j];
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (lane * E + e < hd) sm_o[warp][j][lane * E + e] = acc[j][e];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < gcount * hd; idx += kThreads) {
+    const int j = idx / hd, i = idx % hd, h = h0 + j;
+    float mx = sm_m[0][j];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, sm_m[w][j]);
+    float o = 0.f, sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = attention::exp_approx(sm_m[w][j] - mx);  // 0 for a warp without tokens (m = -inf)
+      o = fmaf(sm_o[w][j][i], f, o);
+      sum = fmaf(sm_l[w][j], f, sum);
+    }
+    if (slot < 0) {
+      a.out[(static_cast<int64_t>(b) * a.heads + h) * hd + i] = o * (1.f / sum) * a.v_scale[g];
+    } else {
+      float* sl = a.ws + static_cast<int64_t>(slot) * a.heads * (hd + 2);
+      sl[h * hd + i] = o;
+      if (i == 0) {
+        sl[a.heads * hd + h] = mx;
+        sl[a.heads * (hd + 1) + h] = sum;
+      }
+    }
+  }
+}
+
+// Requests of several splits: their partial softmaxes merged in split order. grid (requests, heads).
+__global__ void __launch_bounds__(kThreads) merge_splits_kernel(const Args a) {
+  const int b = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int first = a.first_slot[b], n = a.first_slot[b + 1] - first;
+  if (n == 0) return;
+  const int64_t slot_floats = static_cast<int64_t>(a.heads) * (hd + 2);
+  const float* s0 = a.ws + first * slot_floats;
+  float mx = -INFINITY;
+  for (int k = 0; k < n; ++k) mx = fmaxf(mx, s0[k * slot_floats + a.heads * hd + h]);
+  for (int i = threadIdx.x; i < hd; i += kThreads) {
+    float o = 0.f, sum = 0.f;
+    for (int k = 0; k < n; ++k) {
+      const float* sl = s0 + k * slot_floats;
+      const float f = attention::exp_approx(sl[a.heads * hd + h] - mx);
+      sum = fmaf(sl[a.heads * (hd + 1) + h], f, sum);
+      o = fmaf(sl[h * hd + i], f, o);
+    }
+    a.out[(static_cast<int64_t>(b) * a.heads + h) * hd + i] = o * (1.f / sum) * a.v_scale[h / a.group];
+  }
+}
+
+// The split kernel's launch grid (x: KV heads x chunks of up to GM query heads; y: splits).
+struct Shape {
+  unsigned grid_x = 0, grid_y = 0;
+  int gm = 1;
+};
+// Args for a plan: its arrays where put(vector) places them (a device copy, or the vector itself under
+// the emulation), ws the split workspace (first_slot.back() x heads x (head_dim + 2) floats; may be null
+// without slots); q and out are set per call.
+template <class Put>
+Shape make_args(const DecodePlan& p, Put&& put, float* ws, Args& a) {
+  a.blocks = put(p.blocks);
+  a.first_block = put(p.first_block);
+  a.block_tokens = put(p.block_tokens);
+  a.split_req = put(p.split_req);
+  a.split_from = put(p.split_from);
+  a.split_to = put(p.split_to);
+  a.split_slot = put(p.split_slot);
+  a.first_slot = put(p.first_slot);
+  a.qk_scale = put(p.qk_scale);
+  a.v_scale = put(p.v_scale);
+  a.smooth = p.smooth.empty() ? nullptr : put(p.smooth);
+  a.ws = ws;
+  Shape s;
+  s.gm = p.group == 1 ? 1 : p.group <= 4 ? 4 : kMaxGroup;
+  a.entry_bytes = p.entry_bytes;
+  a.head_bytes = p.head_bytes;
+  a.kv_heads = static_cast<int>(p.kv_heads);
+  a.group = static_cast<int>(p.group);
+  a.heads = static_cast<int>(p.heads);
+  a.hd = static_cast<int>(p.head_dim);
+  a.chunks = static_cast<int>((p.group + s.gm - 1) / s.gm);
+  s.grid_x = static_cast<unsigned>(p.kv_heads * a.chunks);
+  s.grid_y = static_cast<unsigned>(p.split_req.size());
+  return s;
+}
+
+using SplitKernel = void (*)(Args);
+
+template <KvType K, int E, bool kVec>
+SplitKernel split_kernel_gm(int gm) {
+  if (gm == 1) return decode_split_kernel<K, E, kVec, 1>;
+  if (gm == 4) return decode_split_kernel<K, E, kVec, 4>;
+  return decode_split_kernel<K, E, kVec, kMaxGroup>;
+}
+template <KvType K>
+SplitKernel split_kernel_type(int e, bool vec, int gm) {
+  if (e == 2) return vec ? split_kernel_gm<K, 2, true>(gm) : split_kernel_gm<K, 2, false>(gm);
+  if (e == 4) return vec ? split_kernel_gm<K, 4, true>(gm) : split_kernel_gm<K, 4, false>(gm);
+  return vec ? split_kernel_gm<K, 8, true>(gm) : split_kernel_gm<K, 8, false>(gm);
+}
+// The instantiation for the plan's storage type, lane elements, slice loads and group.
+inline SplitKernel split_kernel(const DecodePlan& p, const Shape& s) {
+  const int e = lane_elems(p.head_dim);
+  const bool vec = p.vector_loads;
+  switch (p.type) {
+    case KvType::f32: return split_kernel_type<KvType::f32>(e, vec, s.gm);
+    case KvType::bf16: return split_kernel_type<KvType::bf16>(e, vec, s.gm);
+    case KvType::f16: return split_kernel_type<KvType::f16>(e, vec, s.gm);
+    case KvType::int8: return split_kernel_type<KvType::int8>(e, vec, s.gm);
+    case KvType::fp8_e4m3: return split_kernel_type<KvType::fp8_e4m3>(e, vec, s.gm);
+    case KvType::fp8_e4m3_static: return split_kernel_type<KvType::fp8_e4m3_static>(e, vec, s.gm);
+    case KvType::int4:
+    case KvType::int4_smooth: return split_kernel_type<KvType::int4>(e, vec, s.gm);  // int4-smooth: smoothed queries
+  }
+  return nullptr;
+}
+
+}  // namespace memtrade::kvcache::decode_kernels

@@ -1,0 +1,88 @@
+// One element of a head record and the record's own scale (kv_cache.hpp describes the records), for the
+// host and for CUDA: decode_head (the CPU's decoding, which the tests check against the encoders) is
+// written with these, and so is the CUDA decode kernel (decode_attention.cu). A value is
+// record_scale(t, r, hd) x record_value(t, r, i); the static fp8 scale and int4-smooth's factors come
+// from the shape (RecordScales), not from the record.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/common.hpp"
+#include "common/dtype.hpp"
+#include "impls/kvcache/kv_cache.hpp"
+#include "impls/quant/formats.hpp"
+
+namespace memtrade::kvcache {
+
+// Element i of an array of T at r: a plain load on the device (records there are aligned to their element
+// type: the pool is, and every record's size is a multiple of it), memcpy on the host (any address).
+template <class T>
+MT_HD T record_load(const uint8_t* r, int64_t i) {
+#if defined(__CUDA_ARCH__)
+  return reinterpret_cast<const T*>(r)[i];
+#else
+  T v;
+  std::memcpy(&v, r + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
+#endif
+}
+
+// The value of one element code, unscaled: the fp32 bits, bf16 or fp16 bits, the int8 code, an E4M3
+// code (decoded), or an int4 code (the nibble, 0..15, less 8).
+MT_HD float code_value(KvType t, uint32_t code) {
+  switch (t) {
+    case KvType::f32: return detail::bits_as_float(code);
+    case KvType::bf16: return bf16_bits_to_float(static_cast<uint16_t>(code));
+    case KvType::f16: return half_bits_to_float(static_cast<uint16_t>(code));
+    case KvType::int8: return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(code)));
+    case KvType::fp8_e4m3:
+    case KvType::fp8_e4m3_static: return quant::fp8_e4m3_decode(static_cast<uint8_t>(code));
+    case KvType::int4:
+    case KvType::int4_smooth: return static_cast<float>(static_cast<int>(code & 15) - 8);
+  }
+  return 0.f;
+}
+
+// Element i's code in a record (int4: element 2j in the low nibble of byte j, 2j + 1 in the high one).
+MT_HD uint32_t record_code(KvType t, const uint8_t* r, int64_t i) {
+  switch (t) {
+    case KvType::f32: return record_load<uint32_t>(r, i);
+    case KvType::bf16:
+    case KvType::f16: return record_load<uint16_t>(r, i);
+    case KvType::int4:
+    case KvType::int4_smooth: return (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15u;
+    default: return r[i];
+  }
+}
+
+// Code e of a run of codes of B bits (32, 16, 8 or 4) held in little-endian 32-bit words: how a CUDA lane
+// cuts the slice of a record it loaded whole.
+template <int B>
+MT_HD uint32_t slice_code(const uint32_t* w, int e) {
+  if constexpr (B == 32) {
+    return w[e];
+  } else {
+    constexpr int per = 32 / B;
+    return (w[e / per] >> (B * (e % per))) & ((1u << B) - 1u);
+  }
+}
+
+// Element i of a record, unscaled.
+MT_HD float record_value(KvType t, const uint8_t* r, int64_t i) { return code_value(t, record_code(t, r, i)); }
+
+// Whether the record ends with its own fp32 scale (int8, fp8-e4m3, int4, int4-smooth).
+MT_HD bool record_scaled(KvType t) {
+  return t == KvType::int8 || t == KvType::fp8_e4m3 || t == KvType::int4 || t == KvType::int4_smooth;
+}
+
+// The record's own scale (1 for the types that store none), read byte by byte: it sits right after the
+// codes (byte hd, or hd / 2 for int4), which need not be 4-byte aligned.
+MT_HD float record_scale(KvType t, const uint8_t* r, int64_t hd) {
+  if (!record_scaled(t)) return 1.f;
+  const uint8_t* s = r + (t == KvType::int4 || t == KvType::int4_smooth ? hd / 2 : hd);
+  return detail::bits_as_float(static_cast<uint32_t>(s[0]) | static_cast<uint32_t>(s[1]) << 8 |
+                               static_cast<uint32_t>(s[2]) << 16 | static_cast<uint32_t>(s[3]) << 24);
+}
+
+}  // namespace memtrade::kvcache

@@ -1,0 +1,105 @@
+// KV cache fixtures shared by the CPU tests (test_kvcache.cpp) and the CUDA ones (test_cuda.cpp): every
+// storage type, random static scales and smoothing factors, seeded tokens, and one set of requests held
+// by a contiguous cache and by a paged one whose block tables are scattered over thousands of blocks.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "datasets/random.hpp"
+#include "impls/kvcache/kv_cache.hpp"
+
+namespace memtrade::test::kv {
+
+using kvcache::KvCache;
+using kvcache::KvShape;
+using kvcache::KvType;
+
+inline constexpr KvType kTypes[] = {KvType::f32,      KvType::bf16,            KvType::f16,  KvType::int8,
+                                    KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4, KvType::int4_smooth};
+
+// fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s; int4-smooth factors in
+// [1/8, 8) for every (layer, kv head, channel).
+inline void random_static_scales(KvShape& s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  if (s.type == KvType::fp8_e4m3_static) {
+    s.static_scales.resize(static_cast<std::size_t>(s.layers * 2 * s.kv_heads));
+    for (float& x : s.static_scales) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -1 + static_cast<int>(rng() % 2));
+  }
+  if (s.type == KvType::int4_smooth) {
+    s.key_smoothing.resize(static_cast<std::size_t>(s.layers * s.kv_heads * s.head_dim));
+    for (float& x : s.key_smoothing) x = std::ldexp(1.f + static_cast<float>(rng() % 1000) / 1000.f, -3 + static_cast<int>(rng() % 6));
+  }
+}
+
+inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(datasets::normal(seed, i));
+  return v;
+}
+
+// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos).
+inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
+  const KvShape& s = c.shape();
+  for (int64_t l = 0; l < s.layers; ++l) {
+    uint8_t* e = c.entry(r, l, pos);
+    for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
+      const auto x = normals(s.head_dim, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
+      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
+    }
+  }
+}
+
+// B requests of random lengths in [1, max_len] (the last max_len; with three or more, the first one token)
+// in both layouts, the same tokens in each
+// (written when `write`: a cache on a CUDA device is filled by copy_tokens instead). The paged cache has
+// block 16 and 4096 blocks; a holder request takes 0-2 blocks between appends, so the tables are scattered.
+// The same seed gives the same tables on any device.
+struct TwoLayouts {
+  std::unique_ptr<kvcache::ContiguousCache> c;
+  std::unique_ptr<kvcache::PagedCache> p;
+  std::vector<int64_t> rc, rp, len;
+};
+inline TwoLayouts two_layouts(Device& dev, const KvShape& s, int64_t B, int64_t max_len, uint64_t seed, bool write = true) {
+  std::mt19937_64 rng(seed);
+  TwoLayouts t;
+  t.c = std::make_unique<kvcache::ContiguousCache>(dev, s);
+  t.p = std::make_unique<kvcache::PagedCache>(dev, s, 16, 4096);
+  for (int64_t b = 0; b < B; ++b)
+    t.len.push_back(b == B - 1 ? max_len : b == 0 && B >= 3 ? 1 : 1 + static_cast<int64_t>(rng() % max_len));
+  const int64_t hold = t.p->add(4096 * 16);
+  for (int64_t b = 0; b < B; ++b) {
+    t.rc.push_back(t.c->add(max_len));
+    t.rp.push_back(t.p->add(max_len));
+  }
+  std::vector<int64_t> order;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < t.len[b]; ++i) order.push_back(b);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int64_t b : order) {
+    for (int k = static_cast<int>(rng() % 3); k > 0; --k) t.p->append(hold);
+    if (!t.c->append(t.rc[b]) || !t.p->append(t.rp[b])) throw Error("two_layouts: a cache refused a token");
+    if (write) {
+      write_token(*t.c, t.rc[b], t.c->length(t.rc[b]) - 1, static_cast<uint64_t>(b));
+      write_token(*t.p, t.rp[b], t.p->length(t.rp[b]) - 1, static_cast<uint64_t>(b));
+    }
+  }
+  return t;
+}
+
+// Copies request `from_req`'s tokens (every layer) from a host cache into request `to_req` of a cache of the
+// same shape on another device.
+inline void copy_tokens(const KvCache& from, int64_t from_req, KvCache& to, int64_t to_req) {
+  const KvShape& s = from.shape();
+  for (int64_t l = 0; l < s.layers; ++l)
+    from.runs(from_req, l, [&](const uint8_t* src, int64_t pos, int64_t count) {
+      to.runs_in(to_req, l, pos, pos + count, [&](const uint8_t* dst, int64_t p, int64_t n) {
+        to.device().copy(const_cast<uint8_t*>(dst), src + (p - pos) * s.entry_bytes(), static_cast<std::size_t>(n * s.entry_bytes()),
+                         CopyKind::host_to_device);
+      });
+    });
+}
+
+}  // namespace memtrade::test::kv
