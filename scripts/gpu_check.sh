@@ -2,11 +2,12 @@
 # The one prepared check for a lent GPU (one H200, 16 cores; budget under 8 minutes):
 #   build for the GPU found (native architecture), run the CUDA tests, probe the ceilings, run the quick
 #   suites on the CUDA backend and compare them with the CUDA baseline, run the long attention cases
-#   (bf16, d = 128, n = 1024..8192), PyTorch on the same cases where it is present, the report, then the
-#   attention tests three more times in shuffled order and the kernels' tests under compute-sanitizer.
+#   (bf16, d = 128, n = 1024..8192), the long KV-cache decode cases (batch 8, 32K tokens), PyTorch on the
+#   same cases where it is present, the report, then the attention tests three more times in shuffled
+#   order and the kernels' tests under compute-sanitizer.
 # Everything is written under build/gpu_check; since a device call returns at most 8 files, $OUT (when
-# set) receives only summary.txt, results.json, attention_long.json, peers.json, peers_long.json and
-# gpu_check.tar.gz (every log, the report and the rest).
+# set) receives only summary.txt, results.json, attention_long.json, kvcache_long.json, peers.json,
+# peers_long.json and gpu_check.tar.gz (every log, the report and the rest).
 # Dependencies the GPU machine lacks come from .gpudeps/ (scripts/fetch_gpu_deps.sh, carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,9 +19,9 @@ log() { echo "[gpu_check $(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
 # The whole check keeps to GPU_CHECK_BUDGET seconds (default 470): a step runs only when the time it may
 # take is left, so the most useful steps come first and a slow machine loses the last ones, not all.
 deadline=$(( $(date +%s) + ${GPU_CHECK_BUDGET:-470} ))
-# GPU_CHECK_STEPS (default all): a comma list of tests, suites, long, peers, repeat, sanitizer; the build
+# GPU_CHECK_STEPS (default all): a comma list of tests, suites, long, kvlong, peers, repeat, sanitizer; the build
 # always runs. GPU_CHECK_SUITES (default all) is the quick suites' --suite list.
-steps=",${GPU_CHECK_STEPS:-tests,suites,long,peers,repeat,sanitizer},"
+steps=",${GPU_CHECK_STEPS:-tests,suites,long,kvlong,peers,repeat,sanitizer},"
 step() { [[ "$steps" == *",$1,"* ]]; }
 left() { echo $(( deadline - $(date +%s) )); }
 has() { [ "$(left)" -ge "$1" ] || { log "skipped for time ($(left) s left, needs $1): $2"; return 1; }; }
@@ -38,7 +39,7 @@ PY
 finish() {
   if [ -n "$RET" ] && [ "$RET" != "$OUT" ]; then
     mkdir -p "$RET"
-    for f in summary.txt results.json attention_long.json peers.json peers_long.json; do
+    for f in summary.txt results.json attention_long.json kvcache_long.json peers.json peers_long.json; do
       [ -f "$OUT/$f" ] && cp "$OUT/$f" "$RET/"
     done
     tar czf "$RET/gpu_check.tar.gz" -C build gpu_check
@@ -103,6 +104,19 @@ for n in ${GPU_CHECK_LONG_N:-8192 4096 2048 1024}; do  # one process per n: a ti
   grep -E '/(naive|flash) ' "$OUT/attention_long_$n.log" | sed -E 's/ +/ /g' | cut -c1-220 | tee -a "$OUT/summary.txt"
 done
 merge_results "$OUT/attention_long.json" "$OUT"/attention_long_*.json
+
+# The long decode cases (full profile): batch 8, 32K tokens per request, contiguous and paged, per KV dtype
+# (GPU_CHECK_KV_TYPES); the KV issue's CUDA target is paged at 50% of the copy bandwidth here.
+for t in ${GPU_CHECK_KV_TYPES:-int8 bf16 fp32 fp8-e4m3}; do
+  step kvlong || break
+  has 40 "long kvcache cases $t" || break
+  timeout 60 $bin run --suite kvcache --profile full --backend cuda \
+    --filter "batch=8,context=32768,.*kv_dtype=$t,block=16/(contiguous|paged)$" \
+    --out "$OUT/kvcache_long_$t.json" > "$OUT/kvcache_long_$t.log" 2>&1
+  log "long kvcache cases $t: rc $?"
+  grep -E '/(contiguous|paged) ' "$OUT/kvcache_long_$t.log" | sed -E 's/ +/ /g' | cut -c1-220 | tee -a "$OUT/summary.txt"
+done
+merge_results "$OUT/kvcache_long.json" "$OUT"/kvcache_long_*.json
 
 if step suites && [ -f suites/baselines/cuda/quick.json ]; then
   $bin compare suites/baselines/cuda/quick.json "$OUT/results.json" --markdown "$OUT/compare.md" > "$OUT/compare.log" 2>&1
