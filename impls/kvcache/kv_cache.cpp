@@ -116,9 +116,10 @@ void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, RecordScales s
     std::memcpy(x, r, n * 4);
     return;
   }
-  // The record's scale, or the shape's static one; 1 for the 16-bit types (1 x v = v exactly).
+  // The record's scale, or the shape's static one; the 16-bit types have none (their values as stored).
+  const bool scaled = record_scaled(t) || t == KvType::fp8_e4m3_static;
   const float s = t == KvType::fp8_e4m3_static ? sc.scale : record_scale(t, r, n);
-  for (int64_t i = 0; i < n; ++i) x[i] = s * record_value(t, r, i);
+  for (int64_t i = 0; i < n; ++i) x[i] = scaled ? s * record_value(t, r, i) : record_value(t, r, i);
   if (t == KvType::int4_smooth && sc.smooth)
     for (int64_t i = 0; i < n; ++i) x[i] *= sc.smooth[i];
 }
