@@ -1,22 +1,25 @@
-// Runs simple CUDA kernels on the CPU, one std::thread per CUDA thread, for tests on machines without a
-// GPU (nvcc's old -deviceemu mode, for the subset of CUDA the kernels written for it use). Include it
-// first, in a host translation unit, before the kernels' header: it defines the CUDA keywords away
-// (__shared__ becomes static, which every thread of the function shares), threadIdx.x and blockIdx.x/y
-// (per thread), __syncthreads (a barrier of the block), __shfl_xor_sync (the 32 lanes of a warp meet
-// at a barrier and exchange values), uint2 / uint4 and min. Blocks run one after another.
+// Runs simple CUDA kernels on the CPU for tests on machines without a GPU (nvcc's old -deviceemu mode,
+// for the subset of CUDA the kernels written for it use). Include it first, in a host translation unit,
+// before the kernels' header: it defines the CUDA keywords away (__shared__ becomes static, which every
+// thread of the function shares), threadIdx.x and blockIdx.x/y, __syncthreads (a barrier of the block),
+// __shfl_xor_sync (the 32 lanes of a warp meet and exchange values), uint2 / uint4 and min. Each CUDA
+// thread of a block is a fiber (ucontext) of one OS thread, switched at the barriers, so a warp's lanes
+// meet without the OS scheduler; blocks run one after another.
 // What it checks: a kernel's indexing and arithmetic in float (not necessarily the device's bits: the
 // host compiler contracts multiply-adds where nvcc may not, and the reverse). What it cannot: the memory
 // model (a missing __syncthreads or a race may pass here), occupancy, registers, speed. A kernel whose
-// lanes do not all reach a shuffle deadlocks here, where the device's behaviour would be undefined.
+// lanes do not all reach a shuffle never finishes here (the test times out), where the device's
+// behaviour would be undefined.
 #pragma once
 
+#include <ucontext.h>
+
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <stdexcept>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -33,7 +36,7 @@
 struct EmulatedDim {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local EmulatedDim threadIdx, blockIdx;
+inline EmulatedDim threadIdx, blockIdx;  // the running fiber's
 struct uint2 {
   uint32_t x, y;
 };
@@ -43,49 +46,99 @@ struct uint4 {
 using std::min;
 
 namespace memtrade::test::cuda_emulation {
+
+// A barrier of `size` fibers: the last to arrive opens it (the generation moves on) for the others,
+// which yield to the scheduler until then.
+struct Barrier {
+  unsigned size = 0, count = 0, generation = 0;
+};
+
 struct Block {
-  std::unique_ptr<std::barrier<>> all;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<ucontext_t> fibers;
+  std::vector<unsigned char> done;
+  ucontext_t scheduler{};
+  unsigned current = 0;
+  Barrier all;
+  std::vector<Barrier> warps;
   std::vector<float> lanes;  // one value per thread, exchanged at a shuffle
+  const std::function<void()>* kernel = nullptr;
 };
 inline Block*& block() {
   static Block* b = nullptr;
   return b;
 }
-// Runs kernel() as a grid of grid_x x grid_y blocks of `threads` threads (a multiple of 32): one
-// std::thread per CUDA thread, each running the blocks in turn, all of them finishing a block before any
-// starts the next (its __shared__ arrays are the next block's).
+inline void yield() {
+  Block* b = block();
+  swapcontext(&b->fibers[b->current], &b->scheduler);
+}
+inline void wait(Barrier& g) {
+  const unsigned gen = g.generation;
+  if (++g.count == g.size) {
+    g.count = 0;
+    ++g.generation;
+    return;
+  }
+  while (g.generation == gen) yield();
+}
+inline void fiber_main() {
+  Block* b = block();
+  (*b->kernel)();
+  b->done[b->current] = 1;  // returns to the scheduler (uc_link)
+}
+
+// Fiber t of the block, to start at fiber_main on its own stack and return to the scheduler.
+[[gnu::noinline]] inline void make_fiber(Block& b, unsigned t, char* stack, std::size_t bytes) {
+  if (getcontext(&b.fibers[t]) != 0) throw std::runtime_error("cuda_emulation: getcontext failed");
+  b.fibers[t].uc_stack.ss_sp = stack;
+  b.fibers[t].uc_stack.ss_size = bytes;
+  b.fibers[t].uc_link = &b.scheduler;
+  makecontext(&b.fibers[t], fiber_main, 0);
+}
+
+// Runs fiber t until it yields or returns; whether it has returned. (Its own frame: nothing of the
+// caller's is live across the switch.)
+[[gnu::noinline]] inline bool resume(Block& b, unsigned t) {
+  b.current = t;
+  threadIdx.x = t;
+  swapcontext(&b.scheduler, &b.fibers[t]);
+  return b.done[t] != 0;
+}
+
+// Runs kernel() as a grid of grid_x x grid_y blocks of `threads` threads (a multiple of 32), each block's
+// threads as fibers resumed in turn until all have returned.
 inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std::function<void()>& kernel) {
-  Block b;
-  b.all = std::make_unique<std::barrier<>>(threads);
-  for (unsigned w = 0; w < threads / 32; ++w) b.warps.push_back(std::make_unique<std::barrier<>>(32));
-  b.lanes.assign(threads, 0.f);
-  block() = &b;
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < threads; ++t)
-    ts.emplace_back([&, t] {
-      threadIdx.x = t;
-      for (unsigned by = 0; by < grid_y; ++by)
-        for (unsigned bx = 0; bx < grid_x; ++bx) {
-          blockIdx.x = bx;
-          blockIdx.y = by;
-          kernel();
-          b.all->arrive_and_wait();
-        }
-    });
-  for (auto& t : ts) t.join();
-  block() = nullptr;
+  constexpr std::size_t kStack = 64 * 1024;  // per fiber, reused by every block (not zeroed)
+  const std::unique_ptr<char[]> stacks(new char[threads * kStack]);
+  for (unsigned by = 0; by < grid_y; ++by)
+    for (unsigned bx = 0; bx < grid_x; ++bx) {
+      Block b;
+      b.kernel = &kernel;
+      b.all.size = threads;
+      b.warps.assign(threads / 32, Barrier{32, 0, 0});
+      b.lanes.assign(threads, 0.f);
+      b.fibers.resize(threads);
+      b.done.assign(threads, 0);
+      block() = &b;
+      for (unsigned t = 0; t < threads; ++t) make_fiber(b, t, stacks.get() + t * kStack, kStack);
+      blockIdx.x = bx;
+      blockIdx.y = by;
+      for (unsigned left = threads; left > 0;)
+        for (unsigned t = 0; t < threads; ++t)
+          if (!b.done[t] && resume(b, t)) --left;
+      block() = nullptr;
+    }
 }
 }  // namespace memtrade::test::cuda_emulation
 
-inline void __syncthreads() { memtrade::test::cuda_emulation::block()->all->arrive_and_wait(); }
+inline void __syncthreads() { memtrade::test::cuda_emulation::wait(memtrade::test::cuda_emulation::block()->all); }
 inline float __shfl_xor_sync(unsigned /*mask: every lane*/, float v, int lane_mask) {
-  auto* b = memtrade::test::cuda_emulation::block();
+  namespace ce = memtrade::test::cuda_emulation;
+  ce::Block* b = ce::block();
   const unsigned t = threadIdx.x, w = t / 32;
-  b->warps[w]->arrive_and_wait();  // every lane has read the previous exchange
+  ce::wait(b->warps[w]);  // every lane has read the previous exchange
   b->lanes[t] = v;
-  b->warps[w]->arrive_and_wait();
+  ce::wait(b->warps[w]);
   const float r = b->lanes[w * 32 + ((t % 32) ^ static_cast<unsigned>(lane_mask))];
-  b->warps[w]->arrive_and_wait();
+  ce::wait(b->warps[w]);
   return r;
 }

@@ -1,7 +1,7 @@
 // The CUDA decode-attention kernels (decode_attention.hpp describes the scheme) and the choice of the
 // split kernel's instantiation for a plan. decode_attention.cu launches them on a device; the same code
-// also compiles as host C++ under the tests' CUDA emulation (tests/cuda_emulation.hpp: one thread per
-// CUDA thread, warps meeting at each shuffle), so that CPU-only CI runs the kernels' indexing and
+// also compiles as host C++ under the tests' CUDA emulation (tests/cuda_emulation.hpp: each CUDA thread a
+// fiber, warps meeting at each shuffle), so that CPU-only CI runs the kernels' indexing and
 // arithmetic (not their memory model or speed) against the float64 reference. Records are decoded with
 // record.hpp's functions, the ones decode_head uses on the host; the softmax uses tile_math.hpp's
 // exp_approx, as the CPU kernels do. Device code here keeps to what the emulation provides: threadIdx.x,
