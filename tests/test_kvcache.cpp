@@ -1,6 +1,7 @@
 // The KV cache: head records of every storage type, the paged allocator's bookkeeping over long random
-// sequences, copy on write, refusals, paged decode equal to contiguous decode bit for bit, and the
-// decoder's logits equal to the full-sequence forward's.
+// sequences, copy on write, refusals, paged decode equal to contiguous decode bit for bit, the CUDA
+// kernel's plan (token addresses and splits) and record slices, and the decoder's logits equal to the
+// full-sequence forward's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,9 +18,9 @@
 #include "impls/kvcache/decoder.hpp"
 #include "impls/kvcache/record.hpp"
 #include "impls/kvcache/serving.hpp"
+#include "kv_fixtures.hpp"
 #include "model/train.hpp"
 #include "model_fixtures.hpp"
-#include "kv_fixtures.hpp"
 #include "simd_targets.hpp"
 
 using namespace memtrade;
