@@ -1,8 +1,10 @@
-// KV cache fixtures shared by the CPU tests (test_kvcache.cpp) and the CUDA ones (test_cuda.cpp): every
-// storage type, random static scales and smoothing factors, seeded tokens, and one set of requests held
-// by a contiguous cache and by a paged one whose block tables are scattered over thousands of blocks.
+// KV cache fixtures shared by the CPU tests (test_kvcache.cpp), the emulated CUDA kernels' tests
+// (test_kvcache_emulated.cpp) and the CUDA ones (test_cuda.cpp): every storage type, random static scales
+// and smoothing factors, seeded tokens, and one set of requests held by a contiguous cache and by a paged
+// one whose block tables are scattered over thousands of blocks.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -53,10 +55,9 @@ inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
 }
 
 // B requests of random lengths in [1, max_len] (the last max_len; with three or more, the first one token)
-// in both layouts, the same tokens in each
-// (written when `write`: a cache on a CUDA device is filled by copy_tokens instead). The paged cache has
-// block 16 and 4096 blocks; a holder request takes 0-2 blocks between appends, so the tables are scattered.
-// The same seed gives the same tables on any device.
+// in both layouts, the same tokens in each (written when `write`: a cache on a CUDA device is filled by
+// copy_tokens instead). The paged cache has block 16 and 4096 blocks; a holder request takes 0-2 blocks
+// between appends, so the tables are scattered. The same seed gives the same tables on any device.
 struct TwoLayouts {
   std::unique_ptr<kvcache::ContiguousCache> c;
   std::unique_ptr<kvcache::PagedCache> p;

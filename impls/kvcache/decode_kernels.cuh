@@ -17,10 +17,10 @@
 
 namespace memtrade::kvcache::decode_kernels {
 
-
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kMaxGroup = 8;
 
-// The plan's arrays on the device, and what the kernels read.
+// What the kernels read: the plan's arrays (on the device; the plan's own vectors under the emulation),
+// the queries, the outputs and the split workspace.
 struct Args {
   const uint64_t* blocks;
   const int64_t* first_block;

@@ -1,6 +1,6 @@
 // One element of a head record and the record's own scale (kv_cache.hpp describes the records), for the
 // host and for CUDA: decode_head (the CPU's decoding, which the tests check against the encoders) is
-// written with these, and so is the CUDA decode kernel (decode_attention.cu). A value is
+// written with these, and so are the CUDA decode kernels (decode_kernels.cuh). A value is
 // record_scale(t, r, hd) x record_value(t, r, i); the static fp8 scale and int4-smooth's factors come
 // from the shape (RecordScales), not from the record.
 #pragma once
