@@ -89,7 +89,7 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
   // work, not of the arithmetic, so the result does not depend on the thread count.
   const int64_t ranges = std::clamp<int64_t>((2 * omp_get_max_threads() + splits - 1) / splits, 1, s.kv_heads);
   float qk_scale[kMaxHeads];
-  for (int64_t g = 0; g < s.kv_heads; ++g) qk_scale[g] = s.scale(layer, 0, g) / std::sqrt(static_cast<float>(hd));
+  for (int64_t g = 0; g < s.kv_heads; ++g) qk_scale[g] = s.qk_scale(layer, g);
   // int4-smooth: the keys are stored divided by the smoothing factors, so the query is multiplied by them
   // (a workspace of reqs x heads x head_dim floats) and the kernel reads the records as plain int4.
   Buffer q_smooth;
@@ -201,7 +201,7 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
     p.first_slot.push_back(p.first_slot.back() + static_cast<int32_t>(splits > 1 ? splits : 0));
   }
   for (int64_t g = 0; g < s.kv_heads; ++g) {
-    p.qk_scale.push_back(s.scale(layer, 0, g) / std::sqrt(static_cast<float>(s.head_dim)));
+    p.qk_scale.push_back(s.qk_scale(layer, g));
     p.v_scale.push_back(s.scale(layer, 1, g));
     if (const float* f = s.smoothing(layer, g)) p.smooth.insert(p.smooth.end(), f, f + s.head_dim);
   }

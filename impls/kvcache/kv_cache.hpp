@@ -43,6 +43,7 @@
 // token's entry of every layer to the device once (bytes counted by traffic()).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -78,6 +79,10 @@ struct KvShape {
   // static_scales is set with the wrong size or a scale that is not positive and finite, or int4 has an
   // odd head_dim.
   float scale(int64_t layer, int kv, int64_t head) const;
+  // What a decode kernel multiplies the scores of KV head `head` by: 1 / sqrt(head_dim) x the static K scale.
+  float qk_scale(int64_t layer, int64_t head) const {
+    return scale(layer, 0, head) / std::sqrt(static_cast<float>(head_dim));
+  }
   // Where (layer, kv, head) sits in static_scales (and in any per-(layer, K or V, head) table).
   int64_t scale_index(int64_t layer, int kv, int64_t head) const { return (layer * 2 + kv) * kv_heads + head; }
   // int4-smooth's factors of (layer, kv head): head_dim floats, or nullptr (another type, or none set).
