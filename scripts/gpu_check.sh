@@ -92,16 +92,24 @@ if step suites; then
   log "quick suites (cuda): $(tail -1 "$OUT/run.log") (rc $rc_run)"
 fi
 
+# long_case STEP NAME SECONDS LIMIT SUITE ROWS RUN_ARGS...: one full-profile CUDA run of SUITE into
+# $OUT/NAME.json and NAME.log, under `timeout LIMIT`, when STEP is on and SECONDS are left; the log's lines
+# matching ROWS go to the summary. Returns 1 when the step is off or time is short.
+long_case() {
+  local name=$2 limit=$4 suite=$5 rows=$6
+  step "$1" || return 1
+  has "$3" "$name" || return 1
+  shift 6
+  timeout "$limit" $bin run --suite "$suite" --profile full --backend cuda "$@" --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  log "$name: rc $?"
+  grep -E "$rows" "$OUT/$name.log" | sed -E 's/ +/ /g' | cut -c1-220 | tee -a "$OUT/summary.txt"
+}
+
 # The long attention cases (full profile): bf16, d = 128, n = 1024..8192, forward (causal or not) and
 # forward + backward (not causal); the n = 8192 forward is the GPU issue's target.
 for n in ${GPU_CHECK_LONG_N:-8192 4096 2048 1024}; do  # one process per n: a timeout loses one length, not all
-  step long || break
-  has 60 "long attention cases n=$n" || break
-  timeout 90 $bin run --suite attention --profile full --backend cuda --repetitions 7 \
-    --filter "n=$n,d=128,causal=(false|true),dtype=bf16,pass=fwd/|n=$n,d=128,causal=false,dtype=bf16,pass=fwd_bwd/" \
-    --out "$OUT/attention_long_$n.json" > "$OUT/attention_long_$n.log" 2>&1
-  log "long attention cases n=$n: rc $?"
-  grep -E '/(naive|flash) ' "$OUT/attention_long_$n.log" | sed -E 's/ +/ /g' | cut -c1-220 | tee -a "$OUT/summary.txt"
+  long_case long "attention_long_$n" 60 90 attention '/(naive|flash) ' --repetitions 7 \
+    --filter "n=$n,d=128,causal=(false|true),dtype=bf16,pass=fwd/|n=$n,d=128,causal=false,dtype=bf16,pass=fwd_bwd/" || break
 done
 merge_results "$OUT/attention_long.json" "$OUT"/attention_long_*.json
 
@@ -109,13 +117,8 @@ merge_results "$OUT/attention_long.json" "$OUT"/attention_long_*.json
 # (GPU_CHECK_KV_TYPES, default int8 and bf16: each type first prepares 2 GB of fp32 K/V and their float64
 # oracle on the host); the KV issue's CUDA target is paged at 50% of the copy bandwidth here.
 for t in ${GPU_CHECK_KV_TYPES:-int8 bf16}; do
-  step kvlong || break
-  has 40 "long kvcache cases $t" || break
-  timeout 60 $bin run --suite kvcache --profile full --backend cuda \
-    --filter "batch=8,context=32768,.*kv_dtype=$t,block=16/(contiguous|paged)$" \
-    --out "$OUT/kvcache_long_$t.json" > "$OUT/kvcache_long_$t.log" 2>&1
-  log "long kvcache cases $t: rc $?"
-  grep -E '/(contiguous|paged) ' "$OUT/kvcache_long_$t.log" | sed -E 's/ +/ /g' | cut -c1-220 | tee -a "$OUT/summary.txt"
+  long_case kvlong "kvcache_long_$t" 40 60 kvcache '/(contiguous|paged) ' \
+    --filter "batch=8,context=32768,.*kv_dtype=$t,block=16/(contiguous|paged)$" || break
 done
 merge_results "$OUT/kvcache_long.json" "$OUT"/kvcache_long_*.json
 
