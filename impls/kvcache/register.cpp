@@ -146,6 +146,10 @@ class DecodeWorkload final : public Workload {
     Work w;
     w.bytes = static_cast<double>(p_.batch * p_.context * p_.shape.entry_bytes());
     w.flops = 4.0 * static_cast<double>(p_.batch * p_.heads * p_.context * p_.shape.head_dim);
+    // Every type's kernel multiplies and adds in fp32 (records decoded in registers), so the fp32 GEMM
+    // rate is its arithmetic ceiling, as the copy bandwidth is its memory ceiling: frac_of_gemm_ceiling
+    // beside frac_of_copy_ceiling says which of the two a case is near.
+    w.gemm_dtype = "fp32";
     w.items = static_cast<double>(p_.batch);
     w.item_unit = "tokens";
     return w;
