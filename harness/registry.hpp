@@ -50,6 +50,10 @@ struct Work {
   double items = 0;        // domain units per call (e.g. tokens), reported as <item_unit>_per_s
   std::string item_unit;   // "tokens", ...
   bool cold_cache = false;  // memory-bound: the caches are flushed before every timed call
+  // The bytes are (nearly all) read once, in order: a matvec's weights, a decode step's KV cache. Such a
+  // call is also compared with the read-stream ceiling (frac_of_read_ceiling), which on small machines is
+  // well below the copy ceiling.
+  bool read_stream = false;
 };
 
 // Host-side inputs and oracle of one case, shared by its implementations.

@@ -142,6 +142,10 @@ void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilin
     rec.counters["gbytes_per_s"] = work.bytes / t * 1e-9;
     auto it = ceilings.find(be + "_copy_bytes_per_s");
     if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_copy_ceiling"] = work.bytes / t / it->second;
+    if (work.read_stream) {
+      it = ceilings.find(be + "_read_bytes_per_s");
+      if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_read_ceiling"] = work.bytes / t / it->second;
+    }
   }
 }
 

@@ -212,6 +212,8 @@ const std::vector<Metric>& harness_metrics() {
       {"bytes_moved", "bytes", Better::none, Gate::report, 0, 0, "fewest bytes one call must move"},
       {"gbytes_per_s", "GB/s", Better::higher, Gate::time, 0, 0, "bytes_moved / median time"},
       {"frac_of_copy_ceiling", "1", Better::higher, Gate::report, 0, 0, "GB/s over this machine's copy bandwidth"},
+      {"frac_of_read_ceiling", "1", Better::higher, Gate::report, 0, 0,
+       "GB/s over this machine's read-stream bandwidth (kernels that only read their bytes)"},
       {"tokens_per_s", "tokens/s", Better::higher, Gate::time, 0, 0, "tokens processed per second"},
       {"cold_cache", "1", Better::none, Gate::report, 0, 0, "1 when the caches are flushed before each timed call"},
       {"cuda_meminfo_delta_bytes", "bytes", Better::lower, Gate::report, 0, 0, "cudaMemGetInfo growth while alive"},

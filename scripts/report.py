@@ -938,7 +938,7 @@ DOMAIN_COUNTERS = [
     ("loss_scale_final", "final loss scale", "g"), ("grad_underflow_fp16", "fp16 underflow", ".2e"),
     ("diverged", "diverged", "g"), ("bits_per_weight", "bits/weight", ".4g"), ("weight_bytes", "weight bytes", "bytes"),
     ("weight_rel_l2_err", "weight rel L2", ".2e"), ("calib_output_mse", "calib. output MSE", ".3e"),
-    ("frac_of_copy_ceiling", "of copy bandwidth", ".1%"),
+    ("frac_of_copy_ceiling", "of copy bandwidth", ".1%"), ("frac_of_read_ceiling", "of read bandwidth", ".1%"),
     ("kv_bytes_per_token", "KV bytes/token", "bytes"), ("weight_bytes_read", "weight bytes/token", "bytes"),
     ("memory_at_2k_tokens", "memory at 2K tokens", "bytes"), ("memory_at_8k_tokens", "memory at 8K tokens", "bytes"),
     ("kv_utilization", "KV utilization", ".1%"), ("kv_budget_utilization", "budget holding tokens", ".1%"),

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "harness/heap_probe.hpp"
+#include "harness/probe.hpp"
 #include "harness/runner.hpp"
 #include "toy_technique.hpp"
 
@@ -196,4 +197,56 @@ TEST(Runner, FilterIsARegexAndSetOverridesParameters) {
   o.overrides = {{"nn", 4}};
   EXPECT_NE(error_of([&] { run_suites(toy_registry(), o); }).find("unknown key 'nn' (did you mean 'n'?)"),
             std::string::npos);
+}
+
+namespace {
+// The toy's y = 2 x, reporting its bytes as a read stream (as a matvec does) when `reads` is set.
+class StreamWorkload final : public Workload {
+ public:
+  StreamWorkload(const test::ToyProblem& p, Device& dev, bool reads) : inner_(p, dev, false), reads_(reads) {}
+  void run() override { inner_.run(); }
+  ErrorStats error() override { return inner_.error(); }
+  Work work() const override {
+    Work w = inner_.work();
+    w.read_stream = reads_;
+    return w;
+  }
+
+ private:
+  test::ToyWorkload inner_;
+  bool reads_;
+};
+}  // namespace
+
+TEST(Runner, BandwidthIsComparedWithTheCopyCeilingAndReadStreamsAlsoWithTheReadCeiling) {
+  Technique tech = test::toy_technique();
+  tech.impls.clear();
+  for (bool reads : {false, true})
+    tech.impls.push_back(typed_impl<test::ToyProblem>(
+        "toy", reads ? "reads" : "copies", reads ? Role::optimized : Role::reference, Backend::cpu, "",
+        [reads](const test::ToyProblem& p, Device& dev) { return std::make_unique<StreamWorkload>(p, dev, reads); }));
+  const Case c = toy_case(1 << 12);
+  const auto problem = tech.prepare(c);
+  auto dev = make_cpu_device();
+  const Ceilings ceilings{{"cpu_copy_bytes_per_s", 4e9}, {"cpu_read_bytes_per_s", 1e9}, {"cuda_read_bytes_per_s", 1.0}};
+  for (const auto& impl : tech.impls) {
+    const Record r = measure(tech, impl, c, *problem, *dev, 2, 1e-4, ceilings);
+    ASSERT_EQ(r.status, "ok") << r.detail;
+    const double rate = r.counter("gbytes_per_s") * 1e9;
+    ASSERT_GT(rate, 0);
+    EXPECT_DOUBLE_EQ(r.counter("frac_of_copy_ceiling"), rate / 4e9);
+    if (impl.name == "reads")
+      EXPECT_DOUBLE_EQ(r.counter("frac_of_read_ceiling"), rate / 1e9);  // the cpu ceiling, not cuda's
+    else
+      EXPECT_EQ(r.counter("frac_of_read_ceiling", -1), -1) << "a call that writes is not a read stream";
+  }
+}
+
+TEST(Runner, ProbeMeasuresAReadStreamBesideTheCopy) {
+  const Ceilings c = probe_cpu();
+  ASSERT_TRUE(c.count("cpu_read_bytes_per_s"));
+  ASSERT_TRUE(c.count("cpu_copy_bytes_per_s"));
+  // Plausible for any machine this runs on: more than 100 MB/s, less than 10 TB/s.
+  EXPECT_GT(c.at("cpu_read_bytes_per_s"), 1e8);
+  EXPECT_LT(c.at("cpu_read_bytes_per_s"), 1e13);
 }

@@ -92,6 +92,7 @@ TEST(Schema, HarnessMetricsCoverTheRunnersCounters) {
   Schema s;
   s.metrics = harness_metrics();
   for (const char* c : {"peak_bytes", "peak_extra_bytes", "peak_bytes_workspace", "max_abs_err", "rel_l2_err",
-                        "nan_count", "tflops", "gbytes_per_s", "tokens_per_s", "frac_of_copy_ceiling"})
+                        "nan_count", "tflops", "gbytes_per_s", "tokens_per_s", "frac_of_copy_ceiling",
+                        "frac_of_read_ceiling"})
     EXPECT_NE(s.metric(c), nullptr) << c;
 }

@@ -150,6 +150,7 @@ class DecodeWorkload final : public Workload {
     // rate is its arithmetic ceiling, as the copy bandwidth is its memory ceiling: frac_of_gemm_ceiling
     // beside frac_of_copy_ceiling says which of the two a case is near.
     w.gemm_dtype = "fp32";
+    w.read_stream = true;  // every K and V record once, in order
     w.items = static_cast<double>(p_.batch);
     w.item_unit = "tokens";
     return w;

@@ -206,6 +206,7 @@ class QuantWorkload final : public Workload {
     w.flops = 2.0 * q.m * q.n * q.k;
     w.bytes = static_cast<double>(w_.bytes()) + 4.0 * (q.m * q.k + q.m * q.n);
     w.cold_cache = true;  // decode is memory-bound: weights must come from DRAM, as in a model's forward
+    w.read_stream = q.m == 1;  // a matvec streams its weights; a matmul reuses them
     return w;
   }
 
