@@ -1,6 +1,7 @@
 #include <vector>
 
 #include "harness/probe.hpp"
+#include "harness/read_stream.cuh"
 #include "harness/tracked_cublas.hpp"
 
 namespace memtrade {
@@ -43,6 +44,19 @@ Ceilings probe_cuda() {
     double best = 1e30;
     for (int i = 0; i < 5; ++i) best = std::min(best, dev.time_call(copy));
     c["cuda_copy_bytes_per_s"] = 2.0 * bytes / best;
+    // The same source read once by a sum (the read-stream ceiling of kernels that only read, as a decode
+    // step over a KV cache does): 8 blocks of 256 threads per multiprocessor.
+    const int sms = dev.props().multiProcessorCount;
+    Buffer sum(dev.memory(), sizeof(unsigned long long), Tag::workspace);
+    auto read = [&] {
+      probe_kernels::read_stream_sum<<<static_cast<unsigned>(8 * sms), 256, 0, dev.stream()>>>(
+          static_cast<const uint4*>(src.data()), bytes / sizeof(uint4), sum.as<unsigned long long>());
+      MT_CUDA_LAUNCH();
+    };
+    dev.time_call(read);
+    best = 1e30;
+    for (int i = 0; i < 5; ++i) best = std::min(best, dev.time_call(read));
+    c["cuda_read_bytes_per_s"] = static_cast<double>(bytes) / best;
   }
   return c;
 }

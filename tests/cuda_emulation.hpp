@@ -2,7 +2,8 @@
 // for the subset of CUDA the kernels written for it use). Include it first, in a host translation unit,
 // before the kernels' header: it defines the CUDA keywords away (__shared__ becomes static, which every
 // thread of the function shares), threadIdx.x and blockIdx.x/y, __syncthreads (a barrier of the block),
-// __shfl_xor_sync (the 32 lanes of a warp meet and exchange values), uint2 / uint4 and min. Each CUDA
+// __shfl_xor_sync (the 32 lanes of a warp meet and exchange values: float, 64-bit integers), blockDim.x and
+// gridDim.x/y, atomicAdd on 64-bit integers, uint2 / uint4 and min. Each CUDA
 // thread of a block is a fiber (ucontext) of one OS thread, switched at the barriers, so a warp's lanes
 // meet without the OS scheduler; blocks run one after another.
 // What it checks: a kernel's indexing and arithmetic in float (not necessarily the device's bits: the
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -37,6 +39,7 @@ struct EmulatedDim {
   unsigned x = 0, y = 0, z = 0;
 };
 inline EmulatedDim threadIdx, blockIdx;  // the running fiber's
+inline EmulatedDim blockDim, gridDim;     // the running launch's
 struct uint2 {
   uint32_t x, y;
 };
@@ -122,6 +125,9 @@ inline void launch(unsigned grid_x, unsigned grid_y, unsigned threads, const std
       for (unsigned t = 0; t < threads; ++t) make_fiber(b, t, stacks.get() + t * kStack, kStack);
       blockIdx.x = bx;
       blockIdx.y = by;
+      blockDim.x = threads;
+      gridDim.x = grid_x;
+      gridDim.y = grid_y;
       for (unsigned left = threads; left > 0;)
         for (unsigned t = 0; t < threads; ++t)
           if (!b.done[t] && resume(b, t)) --left;
@@ -141,4 +147,22 @@ inline float __shfl_xor_sync(unsigned /*mask: every lane*/, float v, int lane_ma
   const float r = b->lanes[w * 32 + ((t % 32) ^ static_cast<unsigned>(lane_mask))];
   ce::wait(b->warps[w]);
   return r;
+}
+// 64-bit integers cross as two 32-bit halves, as the device's shuffle moves them.
+inline unsigned long long __shfl_xor_sync(unsigned mask, unsigned long long v, int lane_mask) {
+  uint32_t lo = static_cast<uint32_t>(v), hi = static_cast<uint32_t>(v >> 32);
+  float flo, fhi;
+  std::memcpy(&flo, &lo, 4);
+  std::memcpy(&fhi, &hi, 4);
+  flo = __shfl_xor_sync(mask, flo, lane_mask);
+  fhi = __shfl_xor_sync(mask, fhi, lane_mask);
+  std::memcpy(&lo, &flo, 4);
+  std::memcpy(&hi, &fhi, 4);
+  return static_cast<unsigned long long>(hi) << 32 | lo;
+}
+// The fibers of a launch share one OS thread, so an atomic add is a plain one.
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p += v;
+  return old;
 }
