@@ -1,6 +1,7 @@
 // The CUDA read-stream probe's kernel (probe_cuda.cu): the sum of a buffer's 32-bit words, each read once.
 // Each thread takes four 16-byte words per step of a grid-stride loop (four loads in flight), a warp's
-// sums meet by shuffles and each warp adds its own into *out (which the caller zeroes). Written to the
+// sums meet by shuffles and each warp adds its own into *out (the probe never reads it: the atomic add
+// keeps the loads live; a caller that wants the sum zeroes *out first). Written to the
 // subset of CUDA that tests/cuda_emulation.hpp provides, so a CPU test checks that every word is read once.
 #pragma once
 

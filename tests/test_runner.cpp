@@ -1,5 +1,6 @@
 // The runner on a toy technique (tests/toy_technique.hpp): exact peaks, oom as a result, suite files
-// checked against the schema, --set overrides and the --filter regex. Links no real technique.
+// checked against the schema, --set overrides and the --filter regex, throughput as fractions of the
+// copy and read-stream ceilings. Links no real technique.
 #include <gtest/gtest.h>
 
 #include <filesystem>
