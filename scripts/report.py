@@ -226,7 +226,7 @@ class Case:
 
 def _is_counter(key):
     return (key in ("peak_bytes", "peak_extra_bytes", "untracked_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
-                    "nan_count", "inf_count", "tflops", "gbytes_per_s")
+                    "nan_count", "inf_count", "tflops", "gbytes_per_s", "cold_cache")
             or key in {k for k, _, _ in DOMAIN_COUNTERS}
             or key.startswith(("peak_bytes_", "host_peak_bytes", "frac_of_", "curve_")))
 
@@ -877,8 +877,14 @@ def throughput_cell(c):
         s = fmt_si(c.counters["gbytes_per_s"] * 1e9, "B/s")
     else:
         return "—"
+    def above(k):
+        # A memory ceiling is passed when the bytes did not all come from DRAM (no cache flush before the
+        # call: the working set fits a large last-level cache) or when the probe ran under load.
+        if k in ("frac_of_copy_ceiling", "frac_of_read_ceiling") and c.counters.get("cold_cache") != 1:
+            return " (above the ceiling: some bytes came from cache, or the probe ran under load)"
+        return " (above the ceiling: it was probed under load)"
     fracs = [f"{fmt_num(v * 100)}% of {k[len('frac_of_'):].replace('_ceiling', '')} ceiling"
-             + (" (above the ceiling: it was probed under load)" if v > 1.05 else "")
+             + (above(k) if v > 1.05 else "")
              for k, v in c.counters.items() if k.startswith("frac_of_") and _isnum(v)]
     return esc(s) + "".join(f"<br><span class='muted nowrap'>{esc(f)}</span>" for f in fracs)
 
