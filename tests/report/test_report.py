@@ -97,6 +97,20 @@ def write_compare(path, baseline, current, regressions):
                    "same_machine_class": True, "rows": rows, "regressions": regressions}, f, indent=1)
 
 
+def render(checks, report, results, out, what, *extra):
+    """report.py on one results file (a path, or a document written to results-<out>.json); its HTML."""
+    if not isinstance(results, str):
+        stem = os.path.basename(out).removeprefix("report-").removesuffix(".html")
+        path = os.path.join(os.path.dirname(out), f"results-{stem}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(results, f)
+        results = path
+    r = run([sys.executable, report, results, *extra, "-o", out])
+    checks.ok(r.returncode == 0, what, r.stderr[-800:])
+    with open(out, encoding="utf-8") as f:
+        return f.read()
+
+
 def check_static(checks, html, n_results):
     ext = re.findall(r"""(?:src|href)\s*=\s*["']?\s*https?://[^"'\s>]*""", html, re.I)
     ext += re.findall(r"""url\(\s*["']?https?://""", html, re.I)
@@ -195,11 +209,8 @@ def check_single_file(checks, report, workdir, results):
     """One results file + a compare with zero regressions: 'No regressions', no trends."""
     cmp0 = os.path.join(workdir, "compare-clean.json")
     write_compare(cmp0, results, results, regressions=0)
-    out = os.path.join(workdir, "report-single.html")
-    r = run([sys.executable, report, results, "--compare", cmp0, "-o", out])
-    checks.ok(r.returncode == 0, "single-file report with a clean compare runs", r.stderr[-800:])
-    with open(out, encoding="utf-8") as f:
-        html = f.read()
+    html = render(checks, report, results, os.path.join(workdir, "report-single.html"),
+                  "single-file report with a clean compare runs", "--compare", cmp0)
     checks.ok("No regressions" in html and 'id="trends"' not in html,
               "clean compare says 'No regressions'; single file has no Trends section")
 
@@ -209,9 +220,7 @@ def check_shared_names(checks, report, workdir, results):
     are two records: the CPU plots and rows stay, beside the skipped CUDA rows."""
     with open(results, encoding="utf-8") as f:
         doc = json.load(f)
-    out_plain = os.path.join(workdir, "report-cpu.html")
-    r = run([sys.executable, report, results, "-o", out_plain])
-    checks.ok(r.returncode == 0, "report of the CPU records runs", r.stderr[-800:])
+    plain = render(checks, report, results, os.path.join(workdir, "report-cpu.html"), "report of the CPU records runs")
     cuda = []
     for e in doc["benchmarks"]:
         if e.get("run_type", "iteration") == "iteration" and e.get("repetition_index", 0) == 0:
@@ -220,16 +229,8 @@ def check_shared_names(checks, report, workdir, results):
                         | {"backend": "cuda", "run_type": "iteration", "repetitions": 0, "status": "skipped",
                            "status_detail": "no CUDA device: test", "error_occurred": True})
     doc["benchmarks"] += cuda
-    both = os.path.join(workdir, "results-with-cuda.json")
-    with open(both, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
-    out = os.path.join(workdir, "report-shared-names.html")
-    r = run([sys.executable, report, both, "-o", out])
-    checks.ok(r.returncode == 0, "report with CUDA records sharing the CPU names runs", r.stderr[-800:])
-    with open(out_plain, encoding="utf-8") as f:
-        plain = f.read()
-    with open(out, encoding="utf-8") as f:
-        html = f.read()
+    html = render(checks, report, doc, os.path.join(workdir, "report-shared-names.html"),
+                  "report with CUDA records sharing the CPU names runs")
     n_plain = len(re.findall(r'<img class="plot"', plain))
     n_both = len(re.findall(r'<img class="plot"', html))
     ok_rows = len(re.findall(r'class="st-ok"', html))
@@ -242,27 +243,15 @@ def check_ceiling_notes(checks, report, workdir, results):
     """A fraction of a memory ceiling above 1 says why: cache (no flush before the call) or a loaded probe."""
     with open(results, encoding="utf-8") as f:
         doc = json.load(f)
-    def run_name(e):  # an aggregate's entry names its run as run_name, or by a suffix
-        return e.get("run_name") or re.sub(r"_(mean|median|stddev|cv)$", "", e["name"])
-    names = []
+    warm, cold = benchmark_names(results)[:2]
     for e in doc["benchmarks"]:
-        if run_name(e) not in names and e.get("status", "ok") == "ok":
-            names.append(run_name(e))
-    warm, cold = names[0], names[1]
-    for e in doc["benchmarks"]:
-        n = run_name(e)
+        n = e.get("run_name") or e["name"]  # aggregates name their run
         if n in (warm, cold):
             e["frac_of_read_ceiling"] = 1.3
             if n == cold:
                 e["cold_cache"] = 1
-    path = os.path.join(workdir, "results-above-ceiling.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
-    out = os.path.join(workdir, "report-above-ceiling.html")
-    r = run([sys.executable, report, path, "-o", out])
-    checks.ok(r.returncode == 0, "report with fractions above a memory ceiling runs", r.stderr[-800:])
-    with open(out, encoding="utf-8") as f:
-        html = f.read()
+    html = render(checks, report, doc, os.path.join(workdir, "report-above-ceiling.html"),
+                  "report with fractions above a memory ceiling runs")
     checks.ok("130% of read ceiling (above the ceiling: some bytes came from cache, or the probe ran under load)" in html
               and "130% of read ceiling (above the ceiling: it was probed under load)" in html,
               "above a memory ceiling: cache named for a call without a flush, the loaded probe for a flushed one")
