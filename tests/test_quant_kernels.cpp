@@ -351,6 +351,23 @@ TEST(QuantIntActivations, CodesAndTheirError) {
   EXPECT_TRUE(std::isnan(a8.scale[2]));
   EXPECT_EQ(a8.q[128], -127);
   EXPECT_EQ(a8.q[129], 64);  // 63.5, rounded to even
+  // An infinity in a short last block (fewer than 32 elements: the general loop, not the whole-block one)
+  // and a negative one among finite values: NaN scales, zero codes; -0 counts as 0.
+  std::vector<float> t(32 + 7, 0.5f);
+  t[5] = -0.f;
+  t[32 + 2] = -INFINITY;
+  const IntActivations ta = quantize_activations_a8(t.data(), static_cast<int64_t>(t.size()));
+  EXPECT_EQ(ta.scale[0], static_cast<float>(0.5 / 127.0));
+  EXPECT_EQ(ta.q[4], 127);
+  EXPECT_EQ(ta.q[5], 0);
+  EXPECT_TRUE(std::isnan(ta.scale[1]));
+  EXPECT_EQ(ta.q[33], 0);
+  t[32 + 2] = 0.25f;
+  t[7] = INFINITY;
+  const IntActivations tb = quantize_activations_a8(t.data(), static_cast<int64_t>(t.size()));
+  EXPECT_TRUE(std::isnan(tb.scale[0]));
+  EXPECT_EQ(tb.scale[1], static_cast<float>(0.5 / 127.0));
+  EXPECT_EQ(tb.q[34], 64);  // 63.5, rounded to even
   const std::vector<float> r = normal_vec(100003, 5, 3.0);
   for (int bits : {16, 8}) {
     const IntActivations b = quantize_activations(r.data(), static_cast<int64_t>(r.size()), bits);

@@ -1,6 +1,7 @@
 #include "impls/quant/simd/int_activations.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -15,19 +16,21 @@ int qmax_of(int bits) {
 }
 }  // namespace
 
-double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q, float& scale) {
-  const double qmax = qmax_of(bits);
-  float amax = 0.f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    finite = finite && std::isfinite(x[i]);
-    amax = std::max(amax, std::fabs(x[i]));
-  }
+namespace {
+// quantize_activation_block's work; a whole block (n = kActBlock, a constant) compiles to straight-line
+// vector code.
+inline double round_block(const float* x, int64_t n, double qmax, int16_t* q, float& scale) {
+  // amax from the magnitudes' bit patterns (ordered as the values are, infinity above every finite value
+  // and NaN above infinity): an integer max the compiler vectorizes, where a float max with an isfinite
+  // test per element stays scalar.
+  uint32_t amax_bits = 0;
+  for (int64_t i = 0; i < n; ++i) amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu);
   std::fill(q, q + n, int16_t{0});
-  if (!finite) {
+  if (amax_bits >= 0x7f800000u) {  // an infinity or a NaN
     scale = std::numeric_limits<float>::quiet_NaN();
     return 0;
   }
+  const float amax = std::bit_cast<float>(amax_bits);
   scale = static_cast<float>(static_cast<double>(amax) / qmax);
   if (!(scale >= std::numeric_limits<float>::min())) {  // zero, or a step below the normal range: flushed
     scale = 0.f;
@@ -35,13 +38,20 @@ double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q
   }
   // Rounded to nearest (even) by adding and subtracting 1.5 x 2^52, exact for |v| < 2^51: nearbyint's
   // result without a library call per element. (Where the compiler fuses the product into the addition,
-  // a value within an ulp of a half step may round the other way: still within 0.504 steps.)
+  // a value within an ulp of a half step may round the other way: still within 0.504 steps.) |x| <= amax,
+  // so the clamp only catches a quotient rounded up past qmax.
   const double inv = 1.0 / scale, magic = 0x1.8p52;
   for (int64_t i = 0; i < n; ++i) {
     const double v = static_cast<double>(x[i]) * inv + magic;
-    q[i] = static_cast<int16_t>(std::clamp(v - magic, -qmax, qmax));
+    q[i] = static_cast<int16_t>(std::min(std::max(v - magic, -qmax), qmax));
   }
   return 0.504 * scale;
+}
+}  // namespace
+
+double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q, float& scale) {
+  const double qmax = qmax_of(bits);
+  return n == kActBlock ? round_block(x, kActBlock, qmax, q, scale) : round_block(x, n, qmax, q, scale);
 }
 
 IntActivations quantize_activations(const float* x, int64_t K, int bits) {
