@@ -29,36 +29,53 @@ struct Acts {
 };
 
 // The group parameters of row r as the kernels use them: the scale (nf4: the absmax) and what the zero
-// points add.
+// points add. The layout's fields they need are copied in: read through the reference, they were loaded
+// again at every step of the kernels' loops.
 struct RowParams {
   const QLayout& L;
   const uint8_t* blob;
   float mean = 0.f;
+  const uint8_t* scales = blob + L.scales.offset;
+  const uint8_t* dq_scales = blob + L.dq_scales.offset;
+  int64_t gpr = L.groups_per_row;
+  bool double_quant = L.spec.double_quant;
   template <Format F>
   float scale(int64_t r, int64_t g) const {
-    const int64_t i = r * L.groups_per_row + g;
-    if constexpr (F != Format::nf4) return quant::simd::HWY_NAMESPACE::scale_f16(blob + L.scales.offset + 2 * i);
-    else if (L.spec.double_quant)
-      return nf4_dq_absmax(static_cast<int8_t>(blob[L.scales.offset + i]),
-                           load_bytes<float>(blob + L.dq_scales.offset + 4 * (i / nf4_dq_block)), mean);
+    return scale_at<F>(r * gpr + g);
+  }
+  // The same by the flat index r x groups_per_row + g (what the kernels' loops step through).
+  template <Format F>
+  float scale_at(int64_t i) const {
+    if constexpr (F != Format::nf4) return quant::simd::HWY_NAMESPACE::scale_f16(scales + 2 * i);
+    else if (double_quant)
+      return nf4_dq_absmax(static_cast<int8_t>(scales[i]), load_bytes<float>(dq_scales + 4 * (i / nf4_dq_block)), mean);
     else
-      return load_bytes<float>(blob + L.scales.offset + 4 * i);
+      return load_bytes<float>(scales + 4 * i);
+  }
+  // int4 (z = 8 for every group): -8 s_g cs_g added into the lanes of acc for row r's groups, the scales
+  // converted in vectors (groups per row are few: 32 for K = 4096, g128), so a kernel's one sum over its
+  // lanes takes the zero points off too; returns 8 s_g cs_g of the groups left over (fewer than a vector),
+  // for the caller to subtract.
+  template <class DF>
+  float int4_zero_lanes(DF df, int64_t r, const float* cs, hn::Vec<DF>& acc) const {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto* sc = reinterpret_cast<const hwy::float16_t*>(scales + 2 * r * gpr);
+    const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+    int64_t g = 0;
+    for (; g + n <= gpr; g += n)  // (-8 s exactly: a power of two)
+      acc = hn::MulAdd(hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, sc + g)), hn::Set(df, -8.f)), hn::LoadU(df, cs + g), acc);
+    float c = 0.f;
+    for (; g < gpr; ++g) c += scale<Format::int4>(r, g) * cs[g];
+    return 8.f * c;
   }
   // sum_g s_g z_g cs_g over row r's groups (4-bit integer formats): what the unsigned codes add.
   template <Format F>
   float zero_correction(int64_t r, const float* cs) const {
-    const int64_t gpr = L.groups_per_row;
-    if constexpr (F == Format::int4) {  // z = 8 for every group: 8 sum_g s_g cs_g, the scales converted in vectors
-      const hn::CappedTag<float, 8> df;  // (groups per row are few: 32 for K = 4096, g128)
-      const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-      const auto* sc = reinterpret_cast<const hwy::float16_t*>(blob + L.scales.offset + 2 * r * gpr);
-      const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+    if constexpr (F == Format::int4) {
+      const hn::CappedTag<float, 8> df;
       auto v = hn::Zero(df);
-      int64_t g = 0;
-      for (; g + n <= gpr; g += n) v = hn::MulAdd(hn::PromoteTo(df, hn::LoadU(dh, sc + g)), hn::LoadU(df, cs + g), v);
-      float c = hn::GetLane(hn::SumOfLanes(df, v));
-      for (; g < gpr; ++g) c += scale<F>(r, g) * cs[g];
-      return 8.f * c;
+      const float left = int4_zero_lanes(df, r, cs, v);
+      return left - hn::GetLane(hn::SumOfLanes(df, v));
     } else {
       float c = 0.f;
       for (int64_t g = 0; g < gpr; ++g)
@@ -216,8 +233,10 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
     } else {
       // Whole pairs, group by group; a group is a multiple of 64 elements, or the row (then its tail too).
       const int64_t per_group = gpr == 1 ? pairs : L.group / 64;
+      float zero = 0.f;  // what the unsigned codes add (int4, int4-asym), subtracted at the end
       int64_t p = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+      const int64_t r0 = r * gpr;  // row r's first group, flat
       const Nf4Tables tables{hn::LoadDup128(D8(), mag), hn::LoadDup128(DI8(), sgn)};
       VF a0 = hn::Zero(df), a1 = hn::Zero(df);  // sum over pairs of s_g x (the pair's block sums), by lane
       auto step = [&](int64_t q, VF s, VF& acc) {
@@ -235,19 +254,19 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
         }
         for (; p + 2 <= pairs; p += 2) {
           hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
-          step(p, hn::Set(df, P.template scale<F>(r, p)), a0);
-          step(p + 1, hn::Set(df, P.template scale<F>(r, p + 1)), a1);
+          step(p, hn::Set(df, P.template scale_at<F>(r0 + p)), a0);
+          step(p + 1, hn::Set(df, P.template scale_at<F>(r0 + p + 1)), a1);
         }
       } else if (per_group == 2 && gpr > 1) {  // two pairs per group (the default g128): a group per step
         for (; p + 2 <= pairs; p += 2) {  // (a last group of fewer than two whole pairs is left to the loop below)
           hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
-          const VF s = hn::Set(df, P.template scale<F>(r, p / 2));
+          const VF s = hn::Set(df, P.template scale_at<F>(r0 + p / 2));
           step(p, s, a0);
           step(p + 1, s, a1);
         }
       }
       for (int64_t g = p / std::max<int64_t>(per_group, 1); g < gpr; ++g) {  // the groups left (any size)
-        const VF s = hn::Set(df, P.template scale<F>(r, g));
+        const VF s = hn::Set(df, P.template scale_at<F>(r0 + g));
         const int64_t p1 = std::min(pairs, p + per_group);
         for (; p + 2 <= p1; p += 2) {
           hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
@@ -259,8 +278,12 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
           step(p++, s, a0);
         }
       }
-      out = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
+      VF acc = hn::Add(a0, a1);
+      if constexpr (F == Format::int4) zero = P.int4_zero_lanes(df, r, a.cs, acc);  // the rest is in the lanes
+      else if constexpr (F == Format::int4_asym) zero = P.template zero_correction<F>(r, a.cs);
+      out = hn::GetLane(hn::SumOfLanes(df, acc));
 #else
+      if constexpr (F != Format::nf4) zero = P.template zero_correction<F>(r, a.cs);
       for (int64_t g = 0; g < gpr; ++g) {
         float sum = 0.f;
         for (const int64_t p1 = std::min(pairs, p + per_group); p < p1; ++p)  // blocks from the layout (a8_position)
@@ -276,7 +299,7 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
       if (2 * pairs < nblocks)  // the row's tail (K % 64 elements, in the last group)
         out += P.template scale<F>(r, gpr - 1) * natural_blocks(F, row, a, K, 2 * pairs, nblocks);
       if constexpr (F == Format::nf4) out *= 1.f / 127.f;
-      else out -= P.template zero_correction<F>(r, a.cs);
+      else out -= zero;
     }
     y[r] = out;
   }
