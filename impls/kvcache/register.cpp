@@ -151,6 +151,10 @@ class DecodeWorkload final : public Workload {
     // beside frac_of_copy_ceiling says which of the two a case is near.
     w.gemm_dtype = "fp32";
     w.read_stream = true;  // every K and V record once, in order
+    // A decode step finds its KV records in DRAM: between two steps of a request the other layers' records
+    // and the weights pass through the cache. Unflushed, a quick case's 32-128 MiB stayed in a large L3
+    // and its bandwidth fractions passed the memory ceilings.
+    w.cold_cache = true;
     w.items = static_cast<double>(p_.batch);
     w.item_unit = "tokens";
     return w;
