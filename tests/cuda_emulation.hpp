@@ -3,9 +3,9 @@
 // before the kernels' header: it defines the CUDA keywords away (__shared__ becomes static, which every
 // thread of the function shares), threadIdx.x and blockIdx.x/y, __syncthreads (a barrier of the block),
 // __shfl_xor_sync (the 32 lanes of a warp meet and exchange values: float, 64-bit integers), blockDim.x and
-// gridDim.x/y, atomicAdd on 64-bit integers, uint2 / uint4 and min. Each CUDA
-// thread of a block is a fiber (ucontext) of one OS thread, switched at the barriers, so a warp's lanes
-// meet without the OS scheduler; blocks run one after another.
+// gridDim.x/y, atomicAdd on 64-bit integers, __ldg, __int_as_float, __byte_perm, uint2 / uint4 / float4
+// and min. Each CUDA thread of a block is a fiber (ucontext) of one OS thread, switched at the barriers,
+// so a warp's lanes meet without the OS scheduler; blocks run one after another.
 // What it checks: a kernel's indexing and arithmetic in float (not necessarily the device's bits: the
 // host compiler contracts multiply-adds where nvcc may not, and the reverse). What it cannot: the memory
 // model (a missing __syncthreads or a race may pass here), occupancy, registers, speed. A kernel whose
@@ -45,6 +45,9 @@ struct uint2 {
 };
 struct uint4 {
   uint32_t x, y, z, w;
+};
+struct float4 {
+  float x, y, z, w;
 };
 using std::min;
 
@@ -165,4 +168,21 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   const unsigned long long old = *p;
   *p += v;
   return old;
+}
+// Read-only loads are plain loads here.
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+// Byte n of the result is byte (s >> 4n) & 7 of the eight bytes y:x (x's bytes 0-3, y's 4-7).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t xy = static_cast<uint64_t>(y) << 32 | x;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= static_cast<unsigned>(xy >> (8 * ((s >> (4 * n)) & 7)) & 0xFF) << (8 * n);
+  return r;
 }

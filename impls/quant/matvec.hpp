@@ -44,10 +44,11 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
 void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K);
 void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K);
 
-// CUDA matvec (matvec.cu): d_blob, d_x, d_y in device memory; asynchronous on `stream`. One warp per
-// output row; 128-bit loads of the packed codes when each row's codes start 16-byte aligned (row_bytes a
-// multiple of 16 and d_blob 16-byte aligned), byte loads otherwise; decoding through the formats.hpp
-// functions; fp32 accumulation and a warp-shuffle reduction.
+// CUDA matvec (matvec.cu, kernels in matvec_kernels.cuh): d_blob, d_x, d_y in device memory; asynchronous
+// on `stream`. Rows in 16-byte-aligned chunks: 8 rows per block of 256 threads, each thread loading a chunk
+// of 16 codes of all 8 rows and decoding them in registers (integer codes through float bits); otherwise
+// one warp per row, code by code through the formats.hpp functions. fp32 accumulation, warp-shuffle
+// reductions.
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, CUstream_st* stream);
 // The same on a CUDA Device's stream (memtrade::Error for another backend).
 void matvec_cuda(const QLayout& L, const uint8_t* d_blob, const float* d_x, float* d_y, Device& dev);
