@@ -119,7 +119,10 @@ TEST(QuantKernels, MatmulCpuMatchesReference) {
     const Shape mm_shapes[] = {{1, 1}, {5, 33}, {17, 100}, {64, 257}, {2, 31}, {300, 4101}};  // 300 x 4101: two panels
     for (const char* name : kernel_specs) {
       for (const Shape sh : mm_shapes) {
-        for (int64_t M : {int64_t{1}, int64_t{37}}) {
+        // M <= kMatmulSmallBatch: the small-batch path (tile-decoded rows); 70: dequantized panels + sgemm
+        for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{37}, int64_t{70}}) {
+          static_assert(kMatmulSmallBatch >= 37 && kMatmulSmallBatch < 70);
+          ASSERT_EQ(matmul_cpu_path(layout(parse_spec(name), sh.N, sh.K), M), M < 70 ? "small-batch" : "panels");
           if (sh.N * sh.K > 100000 && std::string(name) != "int4-asym-g33" && std::string(name) != "nf4-dq") continue;
           const QLayout L = layout(parse_spec(name), sh.N, sh.K);
           const std::vector<float> W = normal_vec(sh.N * sh.K, ++seed, 0.05);
@@ -153,24 +156,27 @@ TEST(QuantKernels, MatmulCpuMatchesReference) {
 
 TEST(QuantKernels, PanelDequantizationIsBitExact) {
   for_each_simd_target([](int64_t) {
-    // matmul_cpu with X = identity rows picks single weights: Y[m, r] = w[r, m] exactly (one nonzero term).
-    for (const char* name : kernel_specs) {
-      const int64_t N = 20, K = 45;
-      const QLayout L = layout(parse_spec(name), N, K);
-      const std::vector<float> W = normal_vec(N * K, 777, 0.1);
-      std::vector<uint8_t> blob(L.total_bytes());
-      quantize(L, W.data(), blob.data());
-      std::vector<float> Wd(W.size());
-      dequantize(L, blob.data(), Wd.data());
-      std::vector<float> X(K * K, 0.f), Y(K * N);
-      for (int64_t k = 0; k < K; ++k) X[k * K + k] = 1.f;
-      std::vector<float> ws(matmul_workspace_bytes(L, K) / sizeof(float));
-      matmul_cpu(L, blob.data(), X.data(), K, Y.data(), ws.data());
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t r = 0; r < N; ++r) {
-          ASSERT_EQ(Y[k * N + r], Wd[r * K + k]) << name << " r" << r << " k" << k;
-        }
-    }
+    // matmul_cpu with X = identity rows picks single weights: Y[m, r] = w[r, m] exactly (one nonzero term),
+    // through the small-batch path (K = M = 45) and the panels (K = M = 70).
+    for (const char* name : kernel_specs)
+      for (const int64_t K : {int64_t{45}, int64_t{70}}) {
+        const int64_t N = 20;
+        const QLayout L = layout(parse_spec(name), N, K);
+        const std::vector<float> W = normal_vec(N * K, 777, 0.1);
+        std::vector<uint8_t> blob(L.total_bytes());
+        quantize(L, W.data(), blob.data());
+        std::vector<float> Wd(W.size());
+        dequantize(L, blob.data(), Wd.data());
+        std::vector<float> X(K * K, 0.f), Y(K * N);
+        for (int64_t k = 0; k < K; ++k) X[k * K + k] = 1.f;
+        std::vector<float> ws(matmul_workspace_bytes(L, K) / sizeof(float));
+        ASSERT_EQ(matmul_cpu_path(L, K), K == 45 ? "small-batch" : "panels");
+        matmul_cpu(L, blob.data(), X.data(), K, Y.data(), ws.data());
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t r = 0; r < N; ++r) {
+            ASSERT_EQ(Y[k * N + r], Wd[r * K + k]) << name << " K " << K << " r" << r << " k" << k;
+          }
+      }
   });
 }
 

@@ -400,8 +400,17 @@ int64_t matmul_panel_rows(const QLayout& L) {
   return std::min(L.rows, rows);
 }
 
-std::size_t matmul_workspace_bytes(const QLayout& L, int64_t /*M*/) {
-  return static_cast<std::size_t>(matmul_panel_rows(L)) * static_cast<std::size_t>(L.cols) * sizeof(float);
+std::size_t matmul_workspace_bytes(const QLayout& L, int64_t M) {
+  // A panel, and for a small batch at least one scratch of the small-batch path (sized for the widest
+  // vectors, so the bytes do not depend on the SIMD target). At the suites' sizes the panel is far larger.
+  const auto panel = static_cast<std::size_t>(matmul_panel_rows(L)) * static_cast<std::size_t>(L.cols);
+  const auto scratch = M <= kMatmulSmallBatch ? static_cast<std::size_t>(quant::simd::small_scratch_bound_floats(M)) : 0;
+  return std::max(panel, scratch) * sizeof(float);
+}
+
+std::string matmul_cpu_path(const QLayout& L, int64_t M) {
+  const auto ws_floats = static_cast<int64_t>(matmul_workspace_bytes(L, M) / sizeof(float));
+  return M <= kMatmulSmallBatch && ws_floats >= quant::simd::matmul_small_scratch_floats(M) + 16 ? "small-batch" : "panels";
 }
 
 void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* workspace) {
@@ -409,6 +418,8 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
   if (M <= 0) throw Error("matmul_cpu: M must be > 0");
   if (!workspace) throw Error("matmul_cpu: null workspace (allocate matmul_workspace_bytes)");
   const int64_t N = L.rows, K = L.cols, P = matmul_panel_rows(L);
+  if (matmul_cpu_path(L, M) == "small-batch")
+    return quant::simd::matmul_small(L, blob, X, M, Y, workspace, static_cast<int64_t>(matmul_workspace_bytes(L, M) / sizeof(float)));
   for (int64_t r0 = 0; r0 < N; r0 += P) {
     const int64_t nr = std::min(P, N - r0);
     quant::simd::dequant_rows(L, blob, r0, nr, workspace);

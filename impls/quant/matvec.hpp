@@ -32,12 +32,20 @@ void matvec_cpu(const QLayout& L, const uint8_t* blob, const float* x, float* y)
 // compiled in and dispatch is not restricted below AVX-512) or "hwy-<target>" (simd/matvec_simd.hpp).
 std::string matvec_cpu_path(const QLayout& L);
 
+// Rows of X up to which matmul_cpu takes its small-batch path.
+inline constexpr int64_t kMatmulSmallBatch = 64;
+// Which path matmul_cpu takes for M rows of X: "small-batch" or "panels".
+std::string matmul_cpu_path(const QLayout& L, int64_t M);
 // Rows of W dequantized per panel by matmul_cpu.
 int64_t matmul_panel_rows(const QLayout& L);
 // Bytes of fp32 workspace matmul_cpu needs (panel rows x K floats); the caller allocates it.
 std::size_t matmul_workspace_bytes(const QLayout& L, int64_t M);
-// Optimized host matmul: dequantizes panels of W rows into `workspace` (matmul_workspace_bytes, any
-// alignment of a float) and multiplies each with cblas_sgemm into the matching columns of Y.
+// Optimized host matmul. Up to kMatmulSmallBatch rows of X (decode batches): blocks of W's rows decoded
+// tile by tile into per-thread scratch in `workspace` and multiplied there with every row of X in fp32
+// multiply-adds (simd/matvec_simd.hpp's matmul_small; the codes read once, nothing written to memory but
+// the scratch). More rows (prefill): panels of W rows dequantized into `workspace` and multiplied with
+// cblas_sgemm into the matching columns of Y. `workspace`: matmul_workspace_bytes, any alignment of a float
+// (the same size either way; a workspace too small for one scratch takes the panel path).
 void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* workspace);
 
 // Dense baselines y[N] = W[N x K] x[K], fp32 accumulation, OpenMP over rows.

@@ -213,7 +213,8 @@ class QuantWorkload final : public Workload {
   // Which kernel ran on the CPU (the SIMD target dispatch chose, or the hand-written AVX-512 4-bit path).
   std::string detail() override {
     if (dev_.backend() != Backend::cpu || !optimized_) return {};
-    if (p_.q.dense || p_.q.m > 1) return "simd " + memtrade::simd::target_name();
+    if (p_.q.dense) return "simd " + memtrade::simd::target_name();
+    if (p_.q.m > 1) return "matmul " + matmul_cpu_path(p_.L, p_.q.m) + ", simd " + memtrade::simd::target_name();
     if (act_bits_) return "kernel a" + std::to_string(act_bits_) + "-hwy-" + memtrade::simd::target_name();
     return "kernel " + matvec_cpu_path(p_.L);
   }

@@ -7,6 +7,10 @@
 
 #include <algorithm>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 
 #include "impls/quant/simd/codes-inl.h"
 #include "impls/quant/simd/matvec_simd.hpp"
@@ -196,39 +200,129 @@ void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y
   }
 }
 
+// Columns [k0, k1) of row r of deq(W) into o[0 .. k1 - k0).
+template <Format F>
+HWY_INLINE void DequantRow(const QLayout& L, const uint8_t* blob, int64_t r, int64_t k0, int64_t k1, const float* table,
+                           float* o) {
+  const DF df;
+  const int64_t G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
+  const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
+  o -= k0;
+  for (int64_t g = k0 / G; g * G < k1; ++g) {
+    const GroupParams p = stored_params(L, blob, r, g);
+    const int64_t e1 = std::min(k1, (g + 1) * G);
+    int64_t k = std::max(k0, g * G);
+    const VF s = hn::Set(df, p.scale);
+    if constexpr (four_bit(F)) {
+      if ((k & 1) && k < e1) {
+        o[k] = p.scale * unscaled<F>(row, k, p.zero);
+        ++k;
+      }
+      for (; k + 2 * V <= e1; k += 2 * V) {
+        VF ue, uo;
+        decode4<F>(row + k / 2, zero_lo(p.zero), zero_hi(p.zero), table, ue, uo);
+        // fp8 / nf4: decode(q) * scale, int: scale * (q - z); both products are commutative roundings
+        hn::StoreInterleaved2(hn::Mul(s, ue), hn::Mul(s, uo), df, o + k);
+      }
+    } else {
+      for (; k + V <= e1; k += V) hn::StoreU(hn::Mul(s, decode8<F>(row + k)), df, o + k);
+    }
+    for (; k < e1; ++k) o[k] = p.scale * unscaled<F>(row, k, p.zero);
+  }
+}
+
 template <Format F>
 void DequantRowsT(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
-  const DF df;
-  const int64_t K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
   const Nf4Table nf4;
-  const float* table = nf4.v;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
-  for (int64_t i = 0; i < nr; ++i) {
-    const int64_t r = r0 + i;
-    const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
-    float* o = out + i * K;
-    for (int64_t g = 0; g < L.groups_per_row; ++g) {
-      const GroupParams p = stored_params(L, blob, r, g);
-      const int64_t k1 = std::min(K, (g + 1) * G);
-      int64_t k = g * G;
-      const VF s = hn::Set(df, p.scale);
-      if constexpr (four_bit(F)) {
-        if ((k & 1) && k < k1) {
-          o[k] = p.scale * unscaled<F>(row, k, p.zero);
-          ++k;
+  for (int64_t i = 0; i < nr; ++i) DequantRow<F>(L, blob, r0 + i, 0, L.cols, nf4.v, out + i * L.cols);
+}
+
+// The small-batch matmul's blocking: kSmallRows weight rows times kSmallMBlock activation rows of
+// accumulators in registers (16 of AVX-512's 32, 8 of AVX2's 16), over tiles of kSmallTile columns
+// (matvec_simd.hpp): a tile's decoded weight rows stay in L1, and each activation vector, loaded once per
+// step, meets every weight row of the block.
+constexpr int kSmallMBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+
+template <Format F>
+std::size_t SmallScratchFloats(int64_t M) {
+  return static_cast<std::size_t>(kSmallRows * kSmallTile + kSmallRows * M * static_cast<int64_t>(hn::Lanes(DF())));
+}
+
+// part[(j M + i) V ..] += sum over the tile of w_j x_i by lanes, for the kSmallRows decoded rows w (rows of
+// kSmallTile floats) and MB activation rows Xb + i K, kt columns; the elements after the last whole vector
+// go into lane 0.
+template <int MB>
+HWY_INLINE void SmallTile(const float* w, const float* Xb, int64_t K, int64_t kt, int64_t M, float* part) {
+  const DF df;
+  const int64_t V = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[kSmallRows][MB];
+  for (int j = 0; j < kSmallRows; ++j)
+    for (int i = 0; i < MB; ++i) acc[j][i] = hn::LoadU(df, part + (j * M + i) * V);
+  int64_t k = 0;
+  for (; k + V <= kt; k += V) {
+    VF u[kSmallRows];
+    for (int j = 0; j < kSmallRows; ++j) u[j] = hn::LoadU(df, w + j * kSmallTile + k);
+    for (int i = 0; i < MB; ++i) {
+      const VF xv = hn::LoadU(df, Xb + i * K + k);
+      for (int j = 0; j < kSmallRows; ++j) acc[j][i] = hn::MulAdd(u[j], xv, acc[j][i]);
+    }
+  }
+  for (int j = 0; j < kSmallRows; ++j)
+    for (int i = 0; i < MB; ++i) hn::StoreU(acc[j][i], df, part + (j * M + i) * V);
+  for (; k < kt; ++k)
+    for (int j = 0; j < kSmallRows; ++j)
+      for (int i = 0; i < MB; ++i) part[(j * M + i) * V] += w[j * kSmallTile + k] * Xb[i * K + k];
+}
+
+// Y [M x N] = X [M x K] deq(W)^T for a few activation rows: blocks of kSmallRows weight rows, tile by tile
+// of columns, decoded once into a per-thread scratch (SmallScratchFloats) and multiplied with every row of X
+// there, so the codes are read once and no panel goes through memory or a GEMM's packing.
+template <Format F>
+void MatmulSmallT(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* ws, int64_t ws_floats) {
+  const DF df;
+  const int64_t N = L.rows, K = L.cols, V = static_cast<int64_t>(hn::Lanes(df));
+  const Nf4Table nf4;
+  const auto scratch = static_cast<int64_t>(SmallScratchFloats<F>(M));  // a multiple of 64 bytes
+  // The scratches start at a 64-byte boundary: a vector load that splits a cache line costs about two.
+  const int64_t skip = static_cast<int64_t>((64 - reinterpret_cast<std::uintptr_t>(ws) % 64) % 64 / sizeof(float));
+  ws += skip;
+  const int64_t slots = std::max<int64_t>(1, (ws_floats - skip) / scratch);  // the caller gives at least one
+#if defined(_OPENMP)
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), slots));
+#pragma omp parallel num_threads(threads)
+#endif
+  {
+#if defined(_OPENMP)
+    float* w = ws + static_cast<int64_t>(omp_get_thread_num()) * scratch;
+#else
+    float* w = ws;
+#endif
+    float* part = w + kSmallRows * kSmallTile;
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+    for (int64_t rb = 0; rb < N; rb += kSmallRows) {
+      const int64_t nr = std::min<int64_t>(kSmallRows, N - rb);
+      std::fill(part, part + kSmallRows * M * V, 0.f);
+      for (int64_t k0 = 0; k0 < K; k0 += kSmallTile) {
+        const int64_t kt = std::min(kSmallTile, K - k0);
+        for (int64_t j = 0; j < kSmallRows; ++j)  // rows past the last: the last again (computed, not stored)
+          DequantRow<F>(L, blob, rb + std::min(j, nr - 1), k0, k0 + kt, nf4.v, w + j * kSmallTile);
+        for (int64_t m0 = 0; m0 < M; m0 += kSmallMBlock) {
+          const float* Xb = X + m0 * K + k0;
+          switch (std::min<int64_t>(kSmallMBlock, M - m0)) {
+            case 1: SmallTile<1>(w, Xb, K, kt, M, part + m0 * V); break;
+            case 2: SmallTile<2>(w, Xb, K, kt, M, part + m0 * V); break;
+            case 3: SmallTile<3>(w, Xb, K, kt, M, part + m0 * V); break;
+            default: SmallTile<kSmallMBlock>(w, Xb, K, kt, M, part + m0 * V); break;
+          }
         }
-        for (; k + 2 * V <= k1; k += 2 * V) {
-          VF ue, uo;
-          decode4<F>(row + k / 2, zero_lo(p.zero), zero_hi(p.zero), table, ue, uo);
-          // fp8 / nf4: decode(q) * scale, int: scale * (q - z); both products are commutative roundings
-          hn::StoreInterleaved2(hn::Mul(s, ue), hn::Mul(s, uo), df, o + k);
-        }
-      } else {
-        for (; k + V <= k1; k += V) hn::StoreU(hn::Mul(s, decode8<F>(row + k)), df, o + k);
       }
-      for (; k < k1; ++k) o[k] = p.scale * unscaled<F>(row, k, p.zero);
+      for (int64_t j = 0; j < nr; ++j)
+        for (int64_t i = 0; i < M; ++i) Y[i * N + rb + j] = hn::GetLane(hn::SumOfLanes(df, hn::LoadU(df, part + (j * M + i) * V)));
     }
   }
 }
@@ -240,6 +334,12 @@ void MatvecRows(const QLayout& L, const uint8_t* blob, const float* x, float* y)
 void DequantRows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
   with_format(L.spec.format, [&]<Format F>() { DequantRowsT<F>(L, blob, r0, nr, out); });
 }
+
+void MatmulSmall(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* ws, int64_t ws_floats) {
+  with_format(L.spec.format, [&]<Format F>() { MatmulSmallT<F>(L, blob, X, M, Y, ws, ws_floats); });
+}
+
+int64_t MatmulSmallScratch(int64_t M) { return static_cast<int64_t>(SmallScratchFloats<Format::int8>(M)); }
 
 // Dense rows: W row as fp32 (LoadW) times x, four accumulators.
 template <class LoadW, class Scalar>
@@ -296,6 +396,8 @@ namespace memtrade::quant::simd {
 
 HWY_EXPORT(MatvecRows);
 HWY_EXPORT(DequantRows);
+HWY_EXPORT(MatmulSmall);
+HWY_EXPORT(MatmulSmallScratch);
 HWY_EXPORT(DenseF32);
 HWY_EXPORT(DenseBF16);
 
@@ -305,6 +407,10 @@ void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
 void dequant_rows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out) {
   HWY_DYNAMIC_DISPATCH(DequantRows)(L, blob, r0, nr, out);
 }
+void matmul_small(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* ws, int64_t ws_floats) {
+  HWY_DYNAMIC_DISPATCH(MatmulSmall)(L, blob, X, M, Y, ws, ws_floats);
+}
+int64_t matmul_small_scratch_floats(int64_t M) { return HWY_DYNAMIC_DISPATCH(MatmulSmallScratch)(M); }
 void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K) {
   HWY_DYNAMIC_DISPATCH(DenseF32)(W, x, y, N, K);
 }
