@@ -13,17 +13,17 @@
 #include <utility>
 #include <vector>
 
-#include "impls/quant/calibration.hpp"
-#include "impls/quant/matvec.hpp"
 #include "impls/quant/matvec_kernels.cuh"
+#include "quant_matvec_check.hpp"
 
 using namespace memtrade;
 using namespace memtrade::quant;
 namespace mk = memtrade::quant::matvec_kernels;
+namespace qm = memtrade::test::quant_matvec;
 
 namespace {
 
-// 16-byte aligned copies of the inputs, as cudaMalloc gives them.
+// 64-byte aligned copies of the inputs (cudaMalloc gives 256).
 template <class T>
 struct Aligned {
   std::vector<T> v;
@@ -39,20 +39,6 @@ uint32_t bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
-}
-
-// (K + 3) u / (1 - (K + 3) u) * sum |w x|: fp32 sums of K products in any order, the group-scale step and
-// the reference's final rounding (the bound test_cuda's QuantCuda test applies on a device).
-void expect_within_bound(const QLayout& L, const std::vector<float>& deq, const std::vector<float>& x,
-                         const std::vector<float>& ref, const float* y, const std::string& what) {
-  const int64_t N = L.rows, K = L.cols;
-  const double u = 0x1p-24, g = (K + 3) * u / (1 - (K + 3) * u);
-  for (int64_t r = 0; r < N; ++r) {
-    double s = 0;
-    for (int64_t k = 0; k < K; ++k) s += std::fabs(double(deq[r * K + k]) * x[k]);
-    ASSERT_TRUE(std::isfinite(y[r])) << what << " row " << r;
-    ASSERT_LE(std::fabs(double(y[r]) - ref[r]), g * s + 1e-30) << what << " row " << r;
-  }
 }
 
 }  // namespace
@@ -94,32 +80,23 @@ TEST(QuantCudaEmulated, ChunkDecodeGivesDecodeValuesBits) {
 
 TEST(QuantCudaEmulated, MatvecKernelsWithinTheFp32BoundOfTheReference) {
   int rows_cases = 0, any_cases = 0;
-  for (const char* name : {"int8", "int4-g128", "int4-asym-g32", "int4-g40", "fp8-e4m3", "fp8-e5m2-tensor", "nf4", "nf4-dq"})
-    // 300 x 512 and 9 x 8192 fit the 8-rows kernel (a partial last block; two chunks per thread), 37 x 200
-    // and 64 x 4101 do not (rows not in whole 16-code chunks); every shape also runs the generic kernel.
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {37, 200}, {64, 4101}, {300, 512}, {9, 8192}}) {
-      const QLayout L = layout(parse_spec(name), N, K);
-      const auto w = synthetic_weights(N, K, 3);
-      const auto xs = synthetic_activations(1, K, 4);
-      std::vector<uint8_t> blob_v(L.total_bytes());
-      quantize(L, w.data(), blob_v.data());
-      std::vector<float> ref(N), deq(N * K);
-      matvec_reference(L, blob_v.data(), xs.data(), ref.data());
-      dequantize(L, blob_v.data(), deq.data());
-      const Aligned<uint8_t> blob(blob_v);
-      const Aligned<float> x(xs);
+  for (const char* name : qm::kFormats)
+    for (const auto& [N, K] : qm::kShapes) {
+      const qm::Case c = qm::make_case(name, N, K);
+      const Aligned<uint8_t> blob(c.blob);
+      const Aligned<float> x(c.x);
       const std::string what = std::string(name) + " " + std::to_string(N) + "x" + std::to_string(K);
-      with_format(L.spec.format, [&]<Format F>() {
+      with_format(c.L.spec.format, [&]<Format F>() {
         std::vector<float> y(N, NAN);
         test::cuda_emulation::launch(static_cast<unsigned>((N + mk::kWarpsPerBlock - 1) / mk::kWarpsPerBlock), 1,
-                                     mk::kWarpsPerBlock * 32, [&] { mk::matvec_any_kernel<F>(L, blob.p, x.p, y.data()); });
-        expect_within_bound(L, deq, xs, ref, y.data(), what + " generic kernel");
+                                     mk::kWarpsPerBlock * 32, [&] { mk::matvec_any_kernel<F>(c.L, blob.p, x.p, y.data()); });
+        qm::expect_within_bound(c, y.data(), what + " generic kernel");
         ++any_cases;
-        if (!mk::rows_kernel_fits<F>(L, blob.p, x.p)) return;
+        if (!mk::rows_kernel_fits<F>(c.L, blob.p, x.p)) return;
         std::fill(y.begin(), y.end(), NAN);
         test::cuda_emulation::launch(static_cast<unsigned>((N + mk::kBlockRows - 1) / mk::kBlockRows), 1, mk::kRowThreads,
-                                     [&] { mk::matvec_rows_kernel<F>(L, blob.p, x.p, y.data()); });
-        expect_within_bound(L, deq, xs, ref, y.data(), what + " 8-rows kernel");
+                                     [&] { mk::matvec_rows_kernel<F>(c.L, blob.p, x.p, y.data()); });
+        qm::expect_within_bound(c, y.data(), what + " 8-rows kernel");
         ++rows_cases;
       });
     }
@@ -130,17 +107,13 @@ TEST(QuantCudaEmulated, MatvecKernelsWithinTheFp32BoundOfTheReference) {
 }
 
 TEST(QuantCudaEmulated, DenseKernelsWithinTheFp32BoundOfTheFloat64Product) {
-  for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 8}, {37, 200}, {64, 4101}, {300, 512}}) {
-    const auto w = synthetic_weights(N, K, 5);
-    const auto xs = synthetic_activations(1, K, 6);
-    std::vector<bf16_t> wb(N * K);
-    for (int64_t i = 0; i < N * K; ++i) wb[i] = to_bf16(w[i]);
-    const Aligned<float> x(xs), wf(w);
-    const Aligned<bf16_t> wh(wb);
+  for (const auto& [N, K] : qm::kDenseShapes) {
+    const qm::DenseCase c = qm::make_dense_case(N, K);
+    const Aligned<float> x(c.x), wf(c.w);
+    const Aligned<bf16_t> wh(c.wb);
     for (const bool bf16 : {false, true}) {
       std::vector<float> y(N, NAN);
-      const int64_t E = bf16 ? 8 : 4;
-      const bool chunks = K % E == 0;
+      const bool chunks = K % (bf16 ? 8 : 4) == 0;  // 16-byte chunks of weights: the 8-rows kernel
       auto run = [&](auto* wp) {
         if (chunks)
           test::cuda_emulation::launch(static_cast<unsigned>((N + mk::kBlockRows - 1) / mk::kBlockRows), 1, mk::kRowThreads,
@@ -151,16 +124,7 @@ TEST(QuantCudaEmulated, DenseKernelsWithinTheFp32BoundOfTheFloat64Product) {
       };
       if (bf16) run(static_cast<const bf16_t*>(wh.p));
       else run(static_cast<const float*>(wf.p));
-      const double u = 0x1p-24, g = (K + 1) * u / (1 - (K + 1) * u);  // fp32 sums of K products in any order
-      for (int64_t r = 0; r < N; ++r) {
-        double ref = 0, s = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const double wk = bf16 ? double(to_float(wb[r * K + k])) : double(w[r * K + k]);
-          ref += wk * xs[k];
-          s += std::fabs(wk * xs[k]);
-        }
-        ASSERT_LE(std::fabs(double(y[r]) - ref), g * s + 1e-30) << (bf16 ? "bf16 " : "fp32 ") << N << "x" << K << " row " << r;
-      }
+      qm::expect_dense_within_bound(c, bf16, y.data());
     }
   }
 }
