@@ -38,7 +38,8 @@ inline constexpr int64_t kMatmulSmallBatch = 64;
 std::string matmul_cpu_path(const QLayout& L, int64_t M);
 // Rows of W dequantized per panel by matmul_cpu.
 int64_t matmul_panel_rows(const QLayout& L);
-// Bytes of fp32 workspace matmul_cpu needs (panel rows x K floats); the caller allocates it.
+// Bytes of fp32 workspace matmul_cpu needs (a panel, panel rows x K floats, or for M <= kMatmulSmallBatch
+// one small-batch scratch where that is larger); the caller allocates it.
 std::size_t matmul_workspace_bytes(const QLayout& L, int64_t M);
 // Optimized host matmul. Up to kMatmulSmallBatch rows of X (decode batches): blocks of W's rows decoded
 // tile by tile into per-thread scratch in `workspace` and multiplied there with every row of X in fp32

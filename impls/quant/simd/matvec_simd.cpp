@@ -11,7 +11,6 @@
 #include <omp.h>
 #endif
 
-
 #include "impls/quant/simd/codes-inl.h"
 #include "impls/quant/simd/matvec_simd.hpp"
 
@@ -246,8 +245,9 @@ void DequantRowsT(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr,
 // step, meets every weight row of the block.
 constexpr int kSmallMBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-template <Format F>
-std::size_t SmallScratchFloats(int64_t M) {
+// A thread's scratch: the tile of decoded rows, then the partial sums by lanes (64-byte multiples on every
+// vector target).
+HWY_INLINE std::size_t SmallScratchFloats(int64_t M) {
   return static_cast<std::size_t>(kSmallRows * kSmallTile + kSmallRows * M * static_cast<int64_t>(hn::Lanes(DF())));
 }
 
@@ -285,7 +285,7 @@ void MatmulSmallT(const QLayout& L, const uint8_t* blob, const float* X, int64_t
   const DF df;
   const int64_t N = L.rows, K = L.cols, V = static_cast<int64_t>(hn::Lanes(df));
   const Nf4Table nf4;
-  const auto scratch = static_cast<int64_t>(SmallScratchFloats<F>(M));  // a multiple of 64 bytes
+  const auto scratch = static_cast<int64_t>(SmallScratchFloats(M));
   // The scratches start at a 64-byte boundary: a vector load that splits a cache line costs about two.
   const int64_t skip = static_cast<int64_t>((64 - reinterpret_cast<std::uintptr_t>(ws) % 64) % 64 / sizeof(float));
   ws += skip;
@@ -339,7 +339,7 @@ void MatmulSmall(const QLayout& L, const uint8_t* blob, const float* X, int64_t 
   with_format(L.spec.format, [&]<Format F>() { MatmulSmallT<F>(L, blob, X, M, Y, ws, ws_floats); });
 }
 
-int64_t MatmulSmallScratch(int64_t M) { return static_cast<int64_t>(SmallScratchFloats<Format::int8>(M)); }
+int64_t MatmulSmallScratch(int64_t M) { return static_cast<int64_t>(SmallScratchFloats(M)); }
 
 // Dense rows: W row as fp32 (LoadW) times x, four accumulators.
 template <class LoadW, class Scalar>

@@ -22,10 +22,9 @@ void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y);
 // Rows [r0, r0 + nr) of deq(W) into out[nr x K], bit for bit dequantize()'s values.
 void dequant_rows(const QLayout& L, const uint8_t* blob, int64_t r0, int64_t nr, float* out);
 // Y [M x N] = X [M x K] deq(W)^T for small M (matmul_cpu's path for decode batches): blocks of W's rows
-// decoded tile by tile into per-thread scratch carved from ws (ws_floats floats, any alignment of a float; the
-// threads used are capped by how many scratches of matmul_small_scratch_floats(M) fit after rounding ws up
-// to 64 bytes: at least one must),
-// each tile multiplied with every row of X, fp32 accumulation.
+// decoded tile by tile into per-thread scratch carved from ws, each tile multiplied with every row of X,
+// fp32 accumulation. ws: ws_floats floats, any alignment of a float; rounded up to 64 bytes, it must hold
+// at least one scratch of matmul_small_scratch_floats(M) (the threads used are capped by how many fit).
 void matmul_small(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* ws, int64_t ws_floats);
 int64_t matmul_small_scratch_floats(int64_t M);
 // Its blocking (the same on every target): weight rows per block, columns per tile. One scratch holds a
