@@ -211,6 +211,10 @@ TEST(QuantKernels, BadArguments) {
   float x[2] = {1, 2}, y[2];
   EXPECT_THROW(matvec_cpu(L, nullptr, x, y), Error);
   EXPECT_THROW(matmul_cpu(L, blob.data(), x, 1, y, nullptr), Error);
+  std::vector<float> ws(matmul_workspace_bytes(L, 2) / sizeof(float));
+  EXPECT_THROW(matmul_cpu(L, blob.data(), nullptr, 1, y, ws.data()), Error);
+  EXPECT_THROW(matmul_cpu(L, blob.data(), x, 1, nullptr, ws.data()), Error);
+  EXPECT_THROW(matmul_cpu(L, blob.data(), x, 0, y, ws.data()), Error);
   EXPECT_THROW(matmul_reference(L, blob.data(), x, 0, y), Error);
   EXPECT_THROW(matvec_dense_f32(x, x, y, 0, 2), Error);
 }

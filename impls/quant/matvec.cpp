@@ -417,6 +417,7 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
   check_blob(L, blob, "matmul_cpu");
   if (M <= 0) throw Error("matmul_cpu: M must be > 0");
   if (!workspace) throw Error("matmul_cpu: null workspace (allocate matmul_workspace_bytes)");
+  if (!X || !Y) throw Error("matmul_cpu: null X or Y");
   const int64_t N = L.rows, K = L.cols, P = matmul_panel_rows(L);
   if (matmul_cpu_path(L, M) == "small-batch")
     return quant::simd::matmul_small(L, blob, X, M, Y, workspace, static_cast<int64_t>(matmul_workspace_bytes(L, M) / sizeof(float)));
