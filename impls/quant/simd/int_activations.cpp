@@ -14,9 +14,7 @@ int qmax_of(int bits) {
   MT_CHECK(bits == 16 || bits == 8, "integer activations are 16- or 8-bit (got " + std::to_string(bits) + ")");
   return bits == 16 ? 32767 : 127;
 }
-}  // namespace
 
-namespace {
 // quantize_activation_block's work; a whole block (n = kActBlock, a constant) compiles to straight-line
 // vector code.
 inline double round_block(const float* x, int64_t n, double qmax, int16_t* q, float& scale) {
@@ -25,14 +23,15 @@ inline double round_block(const float* x, int64_t n, double qmax, int16_t* q, fl
   // test per element stays scalar.
   uint32_t amax_bits = 0;
   for (int64_t i = 0; i < n; ++i) amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu);
-  std::fill(q, q + n, int16_t{0});
   if (amax_bits >= 0x7f800000u) {  // an infinity or a NaN
+    std::fill(q, q + n, int16_t{0});
     scale = std::numeric_limits<float>::quiet_NaN();
     return 0;
   }
   const float amax = std::bit_cast<float>(amax_bits);
   scale = static_cast<float>(static_cast<double>(amax) / qmax);
   if (!(scale >= std::numeric_limits<float>::min())) {  // zero, or a step below the normal range: flushed
+    std::fill(q, q + n, int16_t{0});
     scale = 0.f;
     return amax;
   }
