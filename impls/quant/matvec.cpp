@@ -408,9 +408,19 @@ std::size_t matmul_workspace_bytes(const QLayout& L, int64_t M) {
   return std::max(panel, scratch) * sizeof(float);
 }
 
+namespace {
+// Whether matmul_cpu takes the small-batch path for M rows of X with a workspace of ws_floats floats (one
+// scratch, plus what rounding it up to 64 bytes may skip).
+bool small_batch(int64_t M, int64_t ws_floats) {
+  return M <= kMatmulSmallBatch && ws_floats >= quant::simd::matmul_small_scratch_floats(M) + 16;
+}
+int64_t workspace_floats(const QLayout& L, int64_t M) {
+  return static_cast<int64_t>(matmul_workspace_bytes(L, M) / sizeof(float));
+}
+}  // namespace
+
 std::string matmul_cpu_path(const QLayout& L, int64_t M) {
-  const auto ws_floats = static_cast<int64_t>(matmul_workspace_bytes(L, M) / sizeof(float));
-  return M <= kMatmulSmallBatch && ws_floats >= quant::simd::matmul_small_scratch_floats(M) + 16 ? "small-batch" : "panels";
+  return small_batch(M, workspace_floats(L, M)) ? "small-batch" : "panels";
 }
 
 void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M, float* Y, float* workspace) {
@@ -418,9 +428,9 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
   if (M <= 0) throw Error("matmul_cpu: M must be > 0");
   if (!workspace) throw Error("matmul_cpu: null workspace (allocate matmul_workspace_bytes)");
   if (!X || !Y) throw Error("matmul_cpu: null X or Y");
+  if (const int64_t ws_floats = workspace_floats(L, M); small_batch(M, ws_floats))
+    return quant::simd::matmul_small(L, blob, X, M, Y, workspace, ws_floats);
   const int64_t N = L.rows, K = L.cols, P = matmul_panel_rows(L);
-  if (matmul_cpu_path(L, M) == "small-batch")
-    return quant::simd::matmul_small(L, blob, X, M, Y, workspace, static_cast<int64_t>(matmul_workspace_bytes(L, M) / sizeof(float)));
   for (int64_t r0 = 0; r0 < N; r0 += P) {
     const int64_t nr = std::min(P, N - r0);
     quant::simd::dequant_rows(L, blob, r0, nr, workspace);
