@@ -35,12 +35,13 @@ constexpr bool kF16Hardware = false;
 #endif
 }  // namespace cvt
 
-// Lanes(DF) elements of p as fp32.
-template <class T>
-HWY_INLINE cvt::VF LoadF32(const T* p) {
+// Lanes(df) elements of p as fp32 (df: any fp32 tag of the target, e.g. a 128-bit one).
+template <class DF, class T>
+HWY_INLINE hwy::HWY_NAMESPACE::Vec<DF> LoadF32(DF df, const T* p) {
   namespace hn = hwy::HWY_NAMESPACE;
-  using namespace cvt;
-  const DF df;
+  using DU = hn::RebindToUnsigned<DF>;
+  using DI = hn::RebindToSigned<DF>;
+  using D16 = hn::Rebind<uint16_t, DF>;
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(df, p);
   } else if constexpr (std::is_same_v<T, bf16_t>) {  // bf16_bits_to_float: the bits on top, NaN quieted
@@ -60,7 +61,7 @@ HWY_INLINE cvt::VF LoadF32(const T* p) {
     // fp32 from an integer conversion (no denormal operand, which costs microcode assists on x86).
     const auto mant = hn::And(a, hn::Set(du, 0x3FFu));
     const auto normal = hn::Add(hn::ShiftLeft<13>(a), hn::Set(du, 112u << 23));
-    const VF sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, mant)), hn::Set(df, 0x1p-24f));
+    const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, mant)), hn::Set(df, 0x1p-24f));
     const auto is_sub = hn::RebindMask(du, hn::Lt(hn::BitCast(di, a), hn::Set(di, 0x0400)));
     const auto finite = hn::IfThenElse(is_sub, hn::BitCast(du, sub), normal);
     const auto quiet = hn::IfThenElseZero(hn::Ne(mant, hn::Zero(du)), hn::Set(du, 0x00400000u));
@@ -69,6 +70,12 @@ HWY_INLINE cvt::VF LoadF32(const T* p) {
     const auto is_special = hn::RebindMask(du, hn::Gt(hn::BitCast(di, a), hn::Set(di, 0x7BFF)));
     return hn::BitCast(df, hn::Or(sign, hn::IfThenElse(is_special, special, finite)));
   }
+}
+
+// Lanes(DF) elements of p as fp32.
+template <class T>
+HWY_INLINE cvt::VF LoadF32(const T* p) {
+  return LoadF32(cvt::DF(), p);
 }
 
 // fp32 -> bf16, float_to_bf16_bits's rounding (to nearest even; NaN quiet with its top payload bits).
