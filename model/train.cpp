@@ -16,6 +16,7 @@
 #include "common/simd/convert.hpp"
 #include "common/simd/grad_add.hpp"
 #include "model/cpu_adam.hpp"
+#include "model/gemm16.hpp"
 #include "model/layers.hpp"
 #include "model/train_core.hpp"
 
@@ -130,8 +131,14 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     const int64_t big = std::max(R * std::max({D, F, V}), std::max(F, V) * D);
     gemm_out_ = Buffer(pool, big * sizeof(C), Tag::workspace);
     if constexpr (!std::is_same_v<S, C>) {
-      gemm_a_ = Buffer(pool, big * sizeof(C), Tag::workspace);
-      gemm_b_ = Buffer(pool, big * sizeof(C), Tag::workspace);
+      // gemm16's widened A and packed blocks of B (B's columns padded to whole panels)
+      // (products with k = dim and any n; with n = dim and any k; weight gradients, k = rows)
+      const int64_t wide = std::max({D, F, V});
+      gemm_a_floats_ = big;
+      gemm_b_floats_ = std::max({big, simd::gemm16_b_floats(wide, D), simd::gemm16_b_floats(D, wide),
+                                 simd::gemm16_b_floats(std::max(D, F), R)});
+      gemm_a_ = Buffer(pool, gemm_a_floats_ * sizeof(C), Tag::workspace);
+      gemm_b_ = Buffer(pool, gemm_b_floats_ * sizeof(C), Tag::workspace);
     }
     width_ = std::max({D, F, V});
     scratch_ = Buffer(pool, kSlots * 4 * width_ * sizeof(C), Tag::workspace);
@@ -159,11 +166,6 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
   // ---- GEMM: out[m x n] (=, or += when acc) op(A) op(B), fp32 (fp64) accumulation ----
 
-  // 16-bit operands widened in portable SIMD (common/simd/convert.hpp), in chunks over the threads.
-  void to_f32_parallel(const S* src, float* dst, int64_t n) const {
-    chunks(n, [&](int64_t lo, int64_t len) { simd::to_f32(src + lo, dst + lo, len); });
-  }
-
   // A is [m x k] ([k x m] if ta), B is [k x n] ([n x k] if tb). Result into gemm_out_ (C).
   void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* A, const S* B) {
     C* out = gemm_out_.as<C>();
@@ -172,15 +174,29 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
       blas::dgemm(ta, tb, m, n, k, 1.0, A, lda, B, ldb, 0.0, out, n);
     } else if constexpr (std::is_same_v<S, float>) {
       blas::sgemm(ta, tb, m, n, k, 1.f, A, lda, B, ldb, 0.f, out, n);
-    } else {
-      float *a = gemm_a_.as<float>(), *b = gemm_b_.as<float>();
-      to_f32_parallel(A, a, m * k);
-      to_f32_parallel(B, b, k * n);
-      blas::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, n);
+    } else {  // 16-bit operands: widened while packed (model/gemm16.hpp)
+      check_gemm16(m, n, k);
+      simd::gemm16(ta, tb, m, n, k, A, lda, B, ldb, out, n, false, gemm_a_.as<float>(), gemm_b_.as<float>(),
+                   gemm16_team(m, n, k));
     }
   }
 
+  void check_gemm16(int64_t m, int64_t n, int64_t k) const {
+    MT_CHECK(simd::gemm16_a_floats(m, k) <= gemm_a_floats_ && simd::gemm16_b_floats(n, k) <= gemm_b_floats_,
+             "training: a GEMM's operands exceed the workspace sized for this configuration");
+  }
+  // A small product runs on one thread: starting the team costs more than it saves.
+  int gemm16_team(int64_t m, int64_t n, int64_t k) const { return m * n * k < (int64_t{1} << 20) ? 1 : threads(); }
+
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* A, const S* B, S* out, bool acc) {
+    if constexpr (kNarrow) {
+      if (k <= simd::kGemm16KBlock) {  // rounded into out by the kernel
+        check_gemm16(m, n, k);
+        simd::gemm16(ta, tb, m, n, k, A, ta ? m : k, B, tb ? k : n, out, n, acc, gemm_a_.as<float>(),
+                     gemm_b_.as<float>(), gemm16_team(m, n, k));
+        return;
+      }
+    }
     gemm_raw(ta, tb, m, n, k, A, B);
     C* r = gemm_out_.as<C>();
     if constexpr (kNarrow) {  // r (+)= out in place, then narrowed in SIMD
@@ -507,6 +523,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   }
 
   Buffer gemm_out_, gemm_a_, gemm_b_, scratch_, rope_;
+  int64_t gemm_a_floats_ = 0, gemm_b_floats_ = 0;
   int64_t width_ = 0;
 };
 
