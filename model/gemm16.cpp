@@ -213,6 +213,11 @@ void Gemm16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int64
   static_assert(2 * hn::MaxLanes(DF()) <= kGemm16Panel, "a panel is two vectors: the workspace bound assumes 32 floats at most");
   const int64_t NR = 2 * static_cast<int64_t>(hn::Lanes(DF()));
   const int64_t panels = (n + NR - 1) / NR, blocks = (m + kMR - 1) / kMR;
+  if (k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
+    if (!acc)
+      for (int64_t i = 0; i < m; ++i) std::fill_n(C + i * ldc, n, memtrade::from_f32<O>(0.f));
+    return;
+  }
 #pragma omp parallel num_threads(threads)
   {
     PackA(ta, A, lda, m, k, wa);

@@ -131,8 +131,8 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     const int64_t big = std::max(R * std::max({D, F, V}), std::max(F, V) * D);
     gemm_out_ = Buffer(pool, big * sizeof(C), Tag::workspace);
     if constexpr (!std::is_same_v<S, C>) {
-      // gemm16's widened A and packed blocks of B (B's columns padded to whole panels)
-      // (products with k = dim and any n; with n = dim and any k; weight gradients, k = rows)
+      // gemm16's widened A and packed blocks of B (columns padded to whole panels), for every product of
+      // the step: k = dim with any n, n = dim with any k, and the weight gradients (k = rows)
       const int64_t wide = std::max({D, F, V});
       gemm_a_floats_ = big;
       gemm_b_floats_ = std::max({big, simd::gemm16_b_floats(wide, D), simd::gemm16_b_floats(D, wide),

@@ -166,6 +166,21 @@ TEST(Gemm16, SameBitsOnEveryThreadCountAndEveryFmaTarget) {
   }
 }
 
+TEST(Gemm16, EmptySumIsZeroOrLeavesCUnchanged) {
+  const Shape s{false, false, 5, 7, 0};
+  const Problem<bf16_t> pr(s, 51);
+  for (bool acc : {false, true}) {
+    std::vector<float> C(s.m * s.n, 3.f);
+    std::vector<bf16_t> C16(s.m * s.n, from_f32<bf16_t>(3.f));
+    pr.run(C, acc, 2);
+    pr.run(C16, acc, 2);
+    for (int64_t e = 0; e < s.m * s.n; ++e) {
+      EXPECT_EQ(C[e], acc ? 3.f : 0.f) << "acc=" << acc;
+      EXPECT_EQ(to_f32(C16[e]), acc ? 3.f : 0.f) << "acc=" << acc;
+    }
+  }
+}
+
 TEST(Gemm16, NonFiniteOperandsPropagate) {
   const Shape s{false, true, 20, 40, 70};
   Problem<bf16_t> pr(s, 41);
