@@ -1,13 +1,12 @@
-// The training step's GEMM for 16-bit operands (the bf16-mixed and fp16-mixed policies), in portable SIMD
-// (Google Highway: every target built, the best one chosen at run time).
+// The training step's GEMM for 16-bit operands (the bf16-mixed, fp16-mixed and bf16-pure policies), in
+// portable SIMD (Google Highway: every target built, the best one chosen at run time).
 //
-// Without a native 16-bit GEMM in the BLAS (Debian's OpenBLAS is built without sbgemm), both operands
-// had to be widened into fp32 copies before each cblas_sgemm, which packs them again: the bf16-mixed CPU
-// step ran 1.14-1.3x slower than fp32. Here A is widened once into fp32 (a vector conversion; its rows
-// are read in place by broadcasts) and B is widened while it is packed into panels of 32 columns, which
-// the register-blocked kernel streams (MR rows x 2 vectors of accumulators). Products and sums are fp32,
-// fused multiply-adds where the target has them; each element of C is summed over k in order, by one
-// thread, so the result does not depend on the thread count, and is the same on every target with FMA.
+// The BLAS multiplies fp32 only (Debian's OpenBLAS is built without sbgemm). Here the operands are widened
+// while they are packed: A into blocks of MR rows stored column by column, B into panels of two vectors'
+// columns (at most kGemm16Panel), and a register-blocked kernel (MR rows x 2 vectors of fp32
+// accumulators) streams them. Products and sums are fp32, fused multiply-adds where the target has them;
+// each element of C is summed over k in order, by one thread, so the result does not depend on the thread
+// count, and is the same on every target with FMA.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +15,7 @@
 
 namespace memtrade::simd {
 
-constexpr int64_t kGemm16Panel = 32;   // B's columns per packed panel (padded with zeros)
+constexpr int64_t kGemm16Panel = 32;   // B's columns per packed panel at most (two vectors; zero-padded)
 constexpr int64_t kGemm16KBlock = 512;  // k per packed block of B
 
 // Floats of workspace gemm16 needs: the widened A (m x k), and B's packed block.
