@@ -78,19 +78,21 @@ HWY_INLINE void ScatterRow(const T* src, int64_t len, float* d, int64_t ldd) {
 template <class T>
 void PackA(bool ta, const T* A, int64_t lda, int64_t m, int64_t k, float* wa) {
   const int64_t blocks = (m + kMR - 1) / kMR;
-  if (ta) {  // A is [k x m]: row p of A, widened in vectors, gives column p of every block
-    constexpr int64_t kChunk = 40 * kMR;  // rows of op(A) at a time
+  if (ta) {  // A is [k x m]: column p of block b is row p of A from column i0, h elements widened in vectors
+    const DF df;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(df));
 #pragma omp for schedule(static) nowait
-    for (int64_t p = 0; p < k; ++p) {
-      HWY_ALIGN float t[kChunk];
-      for (int64_t c = 0; c < m; c += kChunk) {
-        const int64_t len = std::min(kChunk, m - c);
-        ScatterRow(A + p * lda + c, len, t, 1);
-        for (int64_t i = 0; i < len; i += kMR) {
-          const int64_t i0 = c + i, h = std::min<int64_t>(kMR, m - i0);
-          std::copy_n(t + i, h, wa + i0 * k + p * h);
-        }
-      }
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i0 = b * kMR, h = std::min<int64_t>(kMR, m - i0), span = (h + N - 1) / N * N;
+      const T* src = A + i0;
+      float* dst = wa + i0 * k;
+      // Whole vectors: a store past the column's h floats lands in the next column's place, which is
+      // written next; the last columns, whose vectors would leave the block or read past A, one by one.
+      int64_t p = 0;
+      for (; p * h + span <= k * h && p * lda + i0 + span <= (k - 1) * lda + m; ++p)
+        for (int64_t e = 0; e < h; e += N) hn::StoreU(LoadF32(src + p * lda + e), df, dst + p * h + e);
+      for (; p < k; ++p)
+        for (int64_t r = 0; r < h; ++r) dst[p * h + r] = memtrade::to_f32(src[p * lda + r]);
     }
     return;
   }
