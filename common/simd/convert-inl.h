@@ -26,8 +26,10 @@ using DI = hn::RebindToSigned<DF>;
 using D16 = hn::Rebind<uint16_t, DF>;
 using VF = hn::Vec<DF>;
 
-// x86 targets from AVX2 up round fp32 -> fp16 with F16C (vcvtps2ph: to nearest even, NaN quieted with its
-// top payload bits, as float_to_half_bits); elsewhere fp16 stores go element by element (StoreF16 below).
+// x86 targets from AVX2 up convert fp16 with F16C: vcvtph2ps widens exactly (subnormals included, NaN
+// quieted, as half_bits_to_float), vcvtps2ph rounds to nearest even (NaN quieted with its top payload bits,
+// as float_to_half_bits). Elsewhere fp16 loads widen in integer operations and stores go element by
+// element (StoreF16 below).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 constexpr bool kF16Hardware = true;
 #else
@@ -50,7 +52,10 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<DF> LoadF32(DF df, const T* p) {
     const auto x = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(D16(), reinterpret_cast<const uint16_t*>(p))));
     const auto is_nan = hn::RebindMask(du, hn::Gt(hn::BitCast(di, hn::And(x, hn::Set(du, 0x7FFFFFFFu))), hn::Set(di, 0x7F800000)));
     return hn::BitCast(df, hn::IfThenElse(is_nan, hn::Or(x, hn::Set(du, 0x00400000u)), x));
-  } else {  // half_bits_to_float, in integer operations on every target
+  } else if constexpr (cvt::kF16Hardware) {  // F16C (vcvtph2ps): exact, NaN quieted as half_bits_to_float
+    static_assert(std::is_same_v<T, f16_t>);
+    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), reinterpret_cast<const hwy::float16_t*>(p)));
+  } else {  // half_bits_to_float, in integer operations
     static_assert(std::is_same_v<T, f16_t>);
     const DU du;
     const DI di;
