@@ -447,6 +447,57 @@ TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimd
   });
 }
 
+TEST(DecodeAttention, ANaNKeyOrValueGivesNaNOutputsOnEverySimdTarget) {
+  // One token's K or V record of request 0 encoded from a vector with a NaN in it. A NaN key makes the
+  // scores, so every output element of the KV head's query heads, NaN. A NaN value does that where the
+  // record has one scale (int8, fp8-e4m3, int4: the scale is NaN, the codes 0); where elements are stored
+  // one by one (fp32, bf16, fp16, a NaN code of fp8-e4m3-static) only that element of the outputs is NaN.
+  // The other KV head and request 1 are unchanged. Head size 32 takes the kernel's vector decodes, 20 its
+  // element tails too.
+  auto dev = make_cpu_device();
+  test::for_each_simd_target([&](int64_t) {
+    for (const int64_t hd : {32, 20})
+      for (KvType t : kTypes)
+        for (const int kv : {0, 1}) {
+          SCOPED_TRACE(std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd) + (kv ? " V" : " K"));
+          KvShape s{1, 2, hd, t};
+          random_static_scales(s, 5);
+          const int64_t group = 2, heads = 2 * group, len = 40, bad = hd - 3;  // in the element tail at 20
+          ContiguousCache c(*dev, s);
+          std::vector<int64_t> r;
+          for (int64_t b = 0; b < 2; ++b) {
+            r.push_back(c.add(len));
+            for (int64_t i = 0; i < len; ++i) {
+              ASSERT_TRUE(c.append(r[b]));
+              write_token(c, r[b], i, static_cast<uint64_t>(b));
+            }
+          }
+          const auto q = normals(2 * heads * hd, 31);
+          std::vector<float> clean(q.size()), o(q.size());
+          decode_attention(c, r, 0, q.data(), heads, clean.data());
+          auto x = normals(hd, 8);
+          x[bad] = NAN;
+          const int64_t g = 1, rec = kv * s.kv_heads + g;  // KV head 1: query heads 2 and 3
+          encode_head(t, x.data(), hd, c.entry(r[0], 0, 17) + rec * s.head_bytes(), s.record_scales(0, kv, g));
+          decode_attention(c, r, 0, q.data(), heads, o.data());
+          const bool per_element = kv == 1 && (t == KvType::f32 || t == KvType::bf16 || t == KvType::f16 ||
+                                               t == KvType::fp8_e4m3_static);
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t e = 0; e < hd; ++e) {
+              const float v = o[h * hd + e];
+              if (h / group != g)
+                ASSERT_EQ(detail::float_as_bits(v), detail::float_as_bits(clean[h * hd + e])) << "head " << h;
+              else if (!per_element || e == bad)
+                ASSERT_TRUE(std::isnan(v)) << "head " << h << " element " << e;
+              else
+                ASSERT_TRUE(std::isfinite(v)) << "head " << h << " element " << e;
+              ASSERT_EQ(detail::float_as_bits(o[heads * hd + h * hd + e]), detail::float_as_bits(clean[heads * hd + h * hd + e]))
+                  << "request 1, head " << h;
+            }
+        }
+  });
+}
+
 TEST(DecodeAttention, OffloadedEqualsPagedBitForBitAndCountsItsCopies) {
   auto dev = make_cpu_device();
   for (KvType t : {KvType::f32, KvType::int8}) {

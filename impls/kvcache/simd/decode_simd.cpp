@@ -56,7 +56,9 @@ struct Rec {
     }
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
-    else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, true>(r + i);
+    // Per-record fp8 codes are never NaN (encode_head: a non-finite input makes the record's scale NaN and
+    // its codes 0); static-scale records keep a NaN input's NaN code.
+    else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, K == KvType::fp8_e4m3_static>(r + i);
   }
   static HWY_INLINE float elem(const uint8_t* r, int64_t i) {
     if constexpr (K == KvType::f32) {

@@ -47,19 +47,21 @@ HWY_INLINE codes::VF decode8(const uint8_t* p) {
     const hn::Rebind<int8_t, codes::DF> di8;
     return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
   } else {
-    // The scalar decode's bit placement: magnitude bits under a float exponent, times 2^(127 - bias), then
-    // the sign.
+    // The scalar decode's bit placement: the code sign-extended, shifted so that its exponent and
+    // mantissa bits lie under a float's exponent, the copies of the sign between them and the sign bit
+    // cleared, then times 2^(127 - bias) (the product carries the sign).
     static_assert(F == Format::fp8_e4m3 || F == Format::fp8_e5m2);
     constexpr int shift = F == Format::fp8_e4m3 ? 20 : 21;
-    const codes::VI c = load_bytes_i32(p);
-    const codes::VI low = hn::And(c, hn::Set(di, 0x7F));
-    const codes::VI sign = hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)));
-    codes::VF v = hn::Mul(hn::BitCast(df, hn::ShiftLeft<shift>(low)), hn::Set(df, F == Format::fp8_e4m3 ? 0x1p120f : 0x1p112f));
-    if constexpr (kNan) {
+    const hn::Rebind<int8_t, codes::DF> di8;
+    const codes::VI c = hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p)));
+    const codes::VI bits = hn::And(hn::ShiftLeft<shift>(c), hn::Set(di, static_cast<int32_t>(0x80000000u | (0x7Fu << shift))));
+    const codes::VF v = hn::Mul(hn::BitCast(df, bits), hn::Set(df, F == Format::fp8_e4m3 ? 0x1p120f : 0x1p112f));
+    if constexpr (kNan) {  // S.1111.111, +-480 above, made a NaN of the same sign
       static_assert(F == Format::fp8_e4m3, "NaN codes of E4M3 only");
-      v = hn::IfThenElse(hn::RebindMask(df, hn::Eq(low, hn::Set(di, 0x7F))), hn::NaN(df), v);
+      const auto is_nan = hn::RebindMask(df, hn::Eq(hn::And(c, hn::Set(di, 0x7F)), hn::Set(di, 0x7F)));
+      return hn::Or(v, hn::IfThenElseZero(is_nan, hn::NaN(df)));
     }
-    return hn::Or(v, hn::BitCast(df, sign));
+    return v;
   }
 }
 
