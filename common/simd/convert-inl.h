@@ -48,10 +48,10 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<DF> LoadF32(DF df, const T* p) {
     return hn::LoadU(df, p);
   } else if constexpr (std::is_same_v<T, bf16_t>) {  // bf16_bits_to_float: the bits on top, NaN quieted
     const DU du;
-    const DI di;
-    const auto x = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(D16(), reinterpret_cast<const uint16_t*>(p))));
-    const auto is_nan = hn::RebindMask(du, hn::Gt(hn::BitCast(di, hn::And(x, hn::Set(du, 0x7FFFFFFFu))), hn::Set(di, 0x7F800000)));
-    return hn::BitCast(df, hn::IfThenElse(is_nan, hn::Or(x, hn::Set(du, 0x00400000u)), x));
+    const auto x = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(D16(), reinterpret_cast<const uint16_t*>(p)))));
+    // the quiet bit set where an unordered compare finds a NaN (no arithmetic on the value, which a
+    // compiler may drop as an identity)
+    return hn::Or(x, hn::IfThenElseZero(hn::IsNaN(x), hn::BitCast(df, hn::Set(du, 0x00400000u))));
   } else if constexpr (cvt::kF16Hardware) {  // F16C (vcvtph2ps): exact, NaN quieted as half_bits_to_float
     static_assert(std::is_same_v<T, f16_t>);
     return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), reinterpret_cast<const hwy::float16_t*>(p)));
