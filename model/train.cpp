@@ -279,15 +279,19 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     }
   }
 
+  // The norm weight is widened once per thread; the rows split over the team as a parallel for would.
   void rmsnorm_fwd(const S* x, const S* w, S* y, C* rms) {
     const int64_t D = c_.dim;
-#pragma omp parallel for num_threads(threads())
-    for (int64_t r = 0; r < rows(); ++r) {
+#pragma omp parallel num_threads(threads())
+    {
       C *a = slot(0), *wv = slot(1), *b = slot(2);
-      load_row(x + r * D, a, D);
       load_row(w, wv, D);
-      rms[r] = rmsnorm_forward_row(a, wv, b, D, c_.norm_eps);
-      store_row(b, y + r * D, D);
+#pragma omp for
+      for (int64_t r = 0; r < rows(); ++r) {
+        load_row(x + r * D, a, D);
+        rms[r] = rmsnorm_forward_row(a, wv, b, D, c_.norm_eps);
+        store_row(b, y + r * D, D);
+      }
     }
   }
 
@@ -297,14 +301,24 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     Buffer part = ws(kSlots * D, sizeof(C));
     C* dwp = part.as<C>();
     std::fill_n(dwp, kSlots * D, C(0));
-#pragma omp parallel for num_threads(threads())
-    for (int64_t r = 0; r < rows(); ++r) {
+#pragma omp parallel num_threads(threads())
+    {
       C *a = slot(0), *wv = slot(1), *g = slot(2), *dx = slot(3);
-      load_row(x + r * D, a, D);
       load_row(w, wv, D);
-      load_row(dy + r * D, g, D);
-      rmsnorm_backward_row(a, wv, rms[r], g, dx, dwp + omp_get_thread_num() * D, D);
-      for (int64_t j = 0; j < D; ++j) dres[r * D + j] = st<S>(ld(dres[r * D + j]) + dx[j]);
+#pragma omp for
+      for (int64_t r = 0; r < rows(); ++r) {
+        load_row(x + r * D, a, D);
+        load_row(dy + r * D, g, D);
+        rmsnorm_backward_row(a, wv, rms[r], g, dx, dwp + omp_get_thread_num() * D, D);
+        S* d = dres + r * D;
+        if constexpr (kNarrow) {  // widened, added and narrowed in vectors: each element rounded once
+          load_row(d, a, D);
+          for (int64_t j = 0; j < D; ++j) a[j] += dx[j];
+          store_row(a, d, D);
+        } else {
+          for (int64_t j = 0; j < D; ++j) d[j] += dx[j];
+        }
+      }
     }
     for (int64_t j = 0; j < D; ++j) {
       C sum = 0;
