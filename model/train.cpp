@@ -275,7 +275,15 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     const int64_t width = c_.dim;
     for (int64_t r = 0; r < rows(); ++r) {
       S* dst = table + static_cast<int64_t>(ids[r]) * width;
-      for (int64_t j = 0; j < width; ++j) dst[j] = st<S>(ld(dst[j]) + ld(d[r * width + j]));
+      if constexpr (kNarrow) {  // widened, added and narrowed in vectors: each element rounded once
+        C *a = slot(0), *b = slot(1);
+        load_row(dst, a, width);
+        load_row(d + r * width, b, width);
+        for (int64_t j = 0; j < width; ++j) a[j] += b[j];
+        store_row(a, dst, width);
+      } else {
+        for (int64_t j = 0; j < width; ++j) dst[j] += d[r * width + j];
+      }
     }
   }
 
