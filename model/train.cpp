@@ -259,6 +259,18 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     else std::copy_n(src, n, dst);
   }
 
+  // dst[0, n) += src, each element rounded once to S (16-bit rows widened into scratch, added and narrowed
+  // in vectors).
+  void add_row(const C* src, S* dst, int64_t n, C* scratch) const {
+    if constexpr (kNarrow) {
+      load_row(dst, scratch, n);
+      for (int64_t j = 0; j < n; ++j) scratch[j] += src[j];
+      store_row(scratch, dst, n);
+    } else {
+      for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
+    }
+  }
+
   // f(lo, len) over [0, n) in chunks of at most width_ elements (a scratch slot), split over the threads.
   template <class F>
   void chunks(int64_t n, F&& f) const {
@@ -274,16 +286,14 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   void embedding_bwd(const int32_t* ids, const S* d, S* table) {
     const int64_t width = c_.dim;
     for (int64_t r = 0; r < rows(); ++r) {
-      S* dst = table + static_cast<int64_t>(ids[r]) * width;
-      if constexpr (kNarrow) {  // widened, added and narrowed in vectors: each element rounded once
-        C *a = slot(0), *b = slot(1);
-        load_row(dst, a, width);
-        load_row(d + r * width, b, width);
-        for (int64_t j = 0; j < width; ++j) a[j] += b[j];
-        store_row(a, dst, width);
+      const C* add;
+      if constexpr (kNarrow) {
+        load_row(d + r * width, slot(1), width);
+        add = slot(1);
       } else {
-        for (int64_t j = 0; j < width; ++j) dst[j] += d[r * width + j];
+        add = d + r * width;
       }
+      add_row(add, table + static_cast<int64_t>(ids[r]) * width, width, slot(0));
     }
   }
 
@@ -318,14 +328,7 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
         load_row(x + r * D, a, D);
         load_row(dy + r * D, g, D);
         rmsnorm_backward_row(a, wv, rms[r], g, dx, dwp + omp_get_thread_num() * D, D);
-        S* d = dres + r * D;
-        if constexpr (kNarrow) {  // widened, added and narrowed in vectors: each element rounded once
-          load_row(d, a, D);
-          for (int64_t j = 0; j < D; ++j) a[j] += dx[j];
-          store_row(a, d, D);
-        } else {
-          for (int64_t j = 0; j < D; ++j) d[j] += dx[j];
-        }
+        add_row(dx, dres + r * D, D, a);
       }
     }
     for (int64_t j = 0; j < D; ++j) {
