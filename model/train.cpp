@@ -454,7 +454,9 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     }
   }
 
-  void attention_bwd(LayerActs& a, const S* dout, S* dq, S* dk, S* dv) {
+  // free (free_bytes): scratch the call may overwrite; for 16-bit types it holds the per-thread fp32 dQ
+  // accumulators that let the flash backward run in one pass (attention.hpp).
+  void attention_bwd(LayerActs& a, const S* dout, S* dq, S* dk, S* dv, void* free, std::size_t free_bytes) {
     const attention::Dims s = attn_dims();
     if constexpr (std::is_same_v<S, double>) {
       reference_attention(s, dbl(a.q), dbl(a.k), dbl(a.v), dout, dbl(a.o), dq, dk, dv);
@@ -462,7 +464,8 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
       Buffer w = ws(attention::cpu_flash_slots(s) * attention::cpu_flash_slot_bytes(s.d), 1);
       Buffer delta = ws(s.rows(), sizeof(float));
       const attention::FlashCpuBuffers fb{a.q.data(), a.k.data(), a.v.data(), a.o.data(), dout, dq, dk, dv};
-      attention::flash_backward_cpu(s, fb, w.as<float>(), attention::cpu_flash_slots(s), a.attn.as<float>(), delta.as<float>());
+      attention::flash_backward_cpu(s, fb, w.as<float>(), attention::cpu_flash_slots(s), a.attn.as<float>(), delta.as<float>(),
+                                    static_cast<float*>(free), static_cast<int64_t>(free_bytes / sizeof(float)));
     }
   }
 

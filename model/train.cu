@@ -595,7 +595,7 @@ class CudaTrainer final : public TrainerCore<CudaTrainer<S, M>, S, M, float> {
   }
 
   // dq, dk, dv written (dk, dv summed over each kv head's query heads).
-  void attention_bwd(LayerActs& A, const S* dout, S* dq, S* dk, S* dv) {
+  void attention_bwd(LayerActs& A, const S* dout, S* dq, S* dk, S* dv, void* /*free*/, std::size_t /*free_bytes*/) {
     const AttnShape s = attn_shape();
     Buffer q32, k32, v32, o32, do32, dq32, dk32, dv32;
     const float* Q = f32_in(A.q.as<S>(), s.qe, q32);

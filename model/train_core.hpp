@@ -13,7 +13,7 @@
 //   to_heads / from_heads(src, dst, heads, rotate)   [R x heads*hd] <-> [B, heads, T, hd] (+ RoPE)
 //   attention_saved_bytes()                   what attention keeps per layer for its backward (A.attn)
 //   attention_fwd(A)                          A.o from A.q, A.k, A.v: causal GQA, [B, H, T, hd] layout
-//   attention_bwd(A, dout, dq, dk, dv)
+//   attention_bwd(A, dout, dq, dk, dv, free, free_bytes)   free: a workspace buffer the call may overwrite
 //   swiglu(g, u, h, n), swiglu_bwd(g, u, dh, n)   the backward leaves dg in g and du in u
 //   ce_loss_sum(logits, targets)              sum over rows of the cross-entropy (double)
 //   ce_bwd(logits, targets, scale)            dlogits in place
@@ -634,8 +634,9 @@ class TrainerCore : public Trainer {
         Buffer dto = lora_bwd(l, Proj::o, ot.template as<S>(), dr, A, s);  // before ot becomes d(o)
         be().gemm(false, false, R, D, D, dr, W(P.wo), ot.template as<S>(), false);  // d(o) rows
         lora_dx(l, Proj::o, dto, ot.template as<S>());
-        be().to_heads(ot.template as<S>(), dot.template as<S>(), c_.heads, false);
-        be().attention_bwd(A, dot.template as<S>(), dq.template as<S>(), dk.template as<S>(), dv.template as<S>());
+        be().to_heads(ot.template as<S>(), dot.template as<S>(), c_.heads, false);  // ot is free until from_heads
+        be().attention_bwd(A, dot.template as<S>(), dq.template as<S>(), dk.template as<S>(), dv.template as<S>(), ot.data(),
+                           ot.bytes());
         A.o.reset();
         A.attn.reset();
         // Back to rows, undoing RoPE on dq and dk (reusing ot and dot as row buffers).

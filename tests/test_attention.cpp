@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -231,9 +232,12 @@ TEST(Attention, OddHeadDimsAndTinyTiles) {
 // (|Q| ~ 1e4) amplifies to order 1e-2 (flash measures 9.6e-3 for dK on any thread count). Naive's own
 // dK error here is an accident of OpenBLAS's summation order: 6e-9 on one thread, 6e-3 on two, so a
 // floor of 1e-5 passed only on machines with more than one core.
-// The backward's one-pass and two-pass schedules give the same bits (fp32), on every SIMD target: grouped
-// heads, causal masks with fewer queries than keys, partial tiles, odd and large head dims.
-TEST(Attention, OneAndTwoPassBackwardsGiveTheSameBits) {
+// The backward's one-pass and two-pass schedules give the same bits, for fp32 (dQ accumulated in the
+// output) and for bf16/fp16 (in an fp32 accumulator), on every SIMD target: grouped heads, causal masks
+// with fewer queries than keys, partial tiles, odd and large head dims. A 16-bit one pass without room
+// for the accumulators is refused.
+template <class T>
+void expect_one_and_two_pass_backwards_equal(DType dtype) {
   namespace fs = memtrade::attention::simd;
   struct Shape {
     int64_t b, h, h_kv, n, n_kv, d;
@@ -241,45 +245,62 @@ TEST(Attention, OneAndTwoPassBackwardsGiveTheSameBits) {
   };
   for (const Shape& sh : {Shape{1, 4, 2, 100, 100, 64, false}, Shape{2, 2, 1, 70, 130, 16, true}, Shape{2, 2, 1, 70, 130, 13, true},
                           Shape{1, 1, 1, 129, 129, 128, true}}) {
-    const Dims s{sh.b, sh.h, sh.h_kv, sh.n, sh.n_kv, sh.d, sh.causal, DType::f32, true};
-    const std::string what = "b" + std::to_string(sh.b) + " h" + std::to_string(sh.h) + "/" + std::to_string(sh.h_kv) +
-                             " n" + std::to_string(sh.n) + "/" + std::to_string(sh.n_kv) + " d" + std::to_string(sh.d);
+    const Dims s{sh.b, sh.h, sh.h_kv, sh.n, sh.n_kv, sh.d, sh.causal, dtype, true};
+    const std::string what = std::string(dtype_name(dtype)) + " b" + std::to_string(sh.b) + " h" + std::to_string(sh.h) + "/" +
+                             std::to_string(sh.h_kv) + " n" + std::to_string(sh.n) + "/" + std::to_string(sh.n_kv) + " d" +
+                             std::to_string(sh.d);
     std::mt19937 rng(3);
     std::normal_distribution<float> nd;
     auto fill = [&](int64_t count) {
-      std::vector<float> x(count);
-      for (auto& e : x) e = nd(rng);
+      std::vector<T> x(count);
+      for (auto& e : x) e = from_f32<T>(nd(rng));
       return x;
     };
     const auto q = fill(s.q_elems()), k = fill(s.kv_elems()), v = fill(s.kv_elems()), dout = fill(s.q_elems());
-    std::vector<float> o(s.q_elems()), lse(s.rows()), delta(s.rows());
+    std::vector<T> o(s.q_elems());
+    // Room for one KV head's query rows per thread (at most kCpuSlots threads run).
+    std::vector<float> lse(s.rows()), delta(s.rows()), dq32(kCpuSlots * s.group() * s.n * s.d);
     std::vector<float> ws(kCpuSlots * cpu_flash_slot_bytes(s.d) / sizeof(float));
     for_each_simd_target([&](int64_t) {
       FlashCpuBuffers fb{q.data(), k.data(), v.data(), o.data(), dout.data(), nullptr, nullptr, nullptr};
       fs::flash_forward(s, s.scale(), fb, ws.data(), kCpuSlots, lse.data());
-      std::vector<float> g[2][3];
+      std::vector<T> g[2][3];
       for (int p = 0; p < 2; ++p) {
-        g[p][0].assign(s.q_elems(), NAN);
-        g[p][1].assign(s.kv_elems(), NAN);
-        g[p][2].assign(s.kv_elems(), NAN);
+        g[p][0].assign(s.q_elems(), from_f32<T>(NAN));
+        g[p][1].assign(s.kv_elems(), from_f32<T>(NAN));
+        g[p][2].assign(s.kv_elems(), from_f32<T>(NAN));
         fb.dq = g[p][0].data();
         fb.dk = g[p][1].data();
         fb.dv = g[p][2].data();
+        if (p == 0 && !std::is_same_v<T, float>) {
+          EXPECT_THROW(fs::flash_backward(s, s.scale(), fb, ws.data(), kCpuSlots, lse.data(), delta.data(), fs::BackwardPasses::one),
+                       Error)
+              << what;
+        }
+        std::fill(dq32.begin(), dq32.end(), NAN);
         fs::flash_backward(s, s.scale(), fb, ws.data(), kCpuSlots, lse.data(), delta.data(),
-                           p == 0 ? fs::BackwardPasses::one : fs::BackwardPasses::two);
+                           p == 0 ? fs::BackwardPasses::one : fs::BackwardPasses::two, dq32.data(),
+                           static_cast<int64_t>(dq32.size()));
       }
       for (int t = 0; t < 3; ++t) {
         double norm = 0;
         for (std::size_t i = 0; i < g[0][t].size(); ++i) {
-          ASSERT_TRUE(std::isfinite(g[0][t][i])) << what << " tensor " << t << " index " << i;
-          ASSERT_EQ(std::bit_cast<uint32_t>(g[0][t][i]), std::bit_cast<uint32_t>(g[1][t][i]))
-              << what << " tensor " << t << " (dq, dk, dv) index " << i << ": " << g[0][t][i] << " vs " << g[1][t][i];
-          norm += g[0][t][i] * g[0][t][i];
+          const float a = to_f32(g[0][t][i]), b = to_f32(g[1][t][i]);
+          ASSERT_TRUE(std::isfinite(a)) << what << " tensor " << t << " index " << i;
+          ASSERT_EQ(std::memcmp(&g[0][t][i], &g[1][t][i], sizeof(T)), 0)
+              << what << " tensor " << t << " (dq, dk, dv) index " << i << ": " << a << " vs " << b;
+          norm += static_cast<double>(a) * a;
         }
         EXPECT_GT(norm, 0) << what << " tensor " << t;
       }
     });
   }
+}
+
+TEST(Attention, OneAndTwoPassBackwardsGiveTheSameBits) {
+  expect_one_and_two_pass_backwards_equal<float>(DType::f32);
+  expect_one_and_two_pass_backwards_equal<bf16_t>(DType::bf16);
+  expect_one_and_two_pass_backwards_equal<f16_t>(DType::f16);
 }
 
 TEST(Attention, LargeLogitsStayFinite) {

@@ -73,10 +73,12 @@ MemoryModel flash_memory(const Dims& s, Backend b);
 
 int64_t cpu_flash_slots(const Dims& s);
 // The CPU flash kernels over caller-owned buffers (see dims.hpp), for callers that own their tensors (the
-// model's training step). ws: cpu_flash_slots(s) slots of cpu_flash_slot_bytes(s.d) bytes.
+// model's training step). ws: cpu_flash_slots(s) slots of cpu_flash_slot_bytes(s.d) bytes. dq32: for
+// 16-bit dtypes, optional fp32 scratch of dq32_floats floats; with one KV head's query rows per thread it
+// lets the backward run in one pass (simd/flash_simd.hpp's BackwardPasses).
 void flash_forward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
 void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
-                        float* delta);
+                        float* delta, float* dq32 = nullptr, int64_t dq32_floats = 0);
 
 std::unique_ptr<Workload> make_naive_cpu(const AttnProblem& p, Device& dev);
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev);

@@ -36,8 +36,8 @@ void flash_forward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64
 }
 
 void flash_backward_cpu(const Dims& s, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
-                        float* delta) {
-  simd::flash_backward(s, s.scale(), b, ws, slots, lse, delta);
+                        float* delta, float* dq32, int64_t dq32_floats) {
+  simd::flash_backward(s, s.scale(), b, ws, slots, lse, delta, simd::BackwardPasses::automatic, dq32, dq32_floats);
 }
 
 std::unique_ptr<Workload> make_flash_cpu(const AttnProblem& p, Device& dev) { return std::make_unique<FlashCpu>(p, dev); }

@@ -231,7 +231,7 @@ class Kernel {
     }
   }
 
-  void backward(const float* lse, float* delta, BackwardPasses passes) {
+  void backward(const float* lse, float* delta, BackwardPasses passes, float* dq32, int64_t dq32_floats) {
     const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, qtiles = (n + BR - 1) / BR, ktiles = (nk + BC - 1) / BC;
     const int di = static_cast<int>(d);
     const T *og = in(b_.o), *dog = in(b_.dout);
@@ -241,21 +241,21 @@ class Kernel {
       for (int64_t x = 0; x < d; ++x) acc += to_f32(dog[r * d + x]) * to_f32(og[r * d + x]);
       delta[r] = acc;
     }
-    if constexpr (std::is_same_v<T, float>) {
-      // One pass: each (batch, KV head) runs its key tiles in order and adds dS K into dQ in place (fp32
-      // outputs), in the order the second pass would: the same bits, without recomputing S and dP.
-      if (one_pass(passes)) {
-        const int64_t per_kv = s_.group() * n * d;  // the group's query heads' dQ rows, contiguous
+    // One pass: each (batch, KV head) runs its key tiles in order and adds dS K into its group's fp32 dQ
+    // rows (the fp32 output in place; for 16-bit outputs the thread's part of dq32), in the order the
+    // second pass would: the same bits, without recomputing S and dP.
+    const int64_t per_kv = s_.group() * n * d;  // the group's query heads' dQ rows, contiguous
+    if (one_pass(passes, dq32 ? dq32_floats / per_kv : 0)) {
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
-        for (int64_t bkv = 0; bkv < s_.b * s_.h_kv; ++bkv) {
-          Slot w = slot();
-          float* dq = out(b_.dq) + bkv * per_kv;
-          std::fill_n(dq, per_kv, 0.f);
-          for (int64_t j0 = 0; j0 < nk; j0 += BC) key_tile(w, bkv, j0, lse, delta, dq);
-          for (int64_t x = 0; x < per_kv; ++x) dq[x] *= scale_;
-        }
-        return;
+      for (int64_t bkv = 0; bkv < s_.b * s_.h_kv; ++bkv) {
+        Slot w = slot();
+        float* dq = std::is_same_v<T, float> ? static_cast<float*>(b_.dq) + bkv * per_kv : dq32 + omp_get_thread_num() * per_kv;
+        std::fill_n(dq, per_kv, 0.f);
+        for (int64_t j0 = 0; j0 < nk; j0 += BC) key_tile(w, bkv, j0, lse, delta, dq);
+        T* dst = out(b_.dq) + bkv * per_kv;
+        for (int64_t x = 0; x < per_kv; ++x) dst[x] = from_f32<T>(dq[x] * scale_);
       }
+      return;
     }
     // Pass 1: each key tile accumulates dK and dV over its group's query heads and every query tile.
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
@@ -292,11 +292,16 @@ class Kernel {
     }
   }
 
-  // Whether an fp32 backward runs as one pass (see backward): by default when every thread has a (batch,
+  // Whether the backward runs as one pass (see backward): fp32, or 16-bit with room for each thread's fp32
+  // dQ rows (dq32_heads: how many KV heads' worth dq32 holds); by default when every thread has a (batch,
   // KV head) of its own.
-  bool one_pass(BackwardPasses passes) const {
+  bool one_pass(BackwardPasses passes, int64_t dq32_heads) const {
+    const bool possible = std::is_same_v<T, float> || dq32_heads >= threads_;
+    if (passes == BackwardPasses::one && !possible)
+      throw Error("flash attention: the one-pass backward of a 16-bit dtype needs an fp32 dQ accumulator of " +
+                  std::to_string(threads_) + " x group x n x d floats (one KV head's query rows per thread)");
     if (passes != BackwardPasses::automatic) return passes == BackwardPasses::one;
-    return s_.b * s_.h_kv >= threads_;
+    return possible && s_.b * s_.h_kv >= threads_;
   }
 
   // Key tile j0 of KV head bkv: dK and dV over its group's query heads and every query tile, in the row
@@ -384,8 +389,10 @@ void Forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, in
 }
 
 void Backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, const float* lse,
-              float* delta, BackwardPasses passes) {
-  ByDtype(s.dtype, [&](auto tag) { Kernel<decltype(tag)>(s, scale, b, ws, slots).backward(lse, delta, passes); });
+              float* delta, BackwardPasses passes, float* dq32, int64_t dq32_floats) {
+  ByDtype(s.dtype, [&](auto tag) {
+    Kernel<decltype(tag)>(s, scale, b, ws, slots).backward(lse, delta, passes, dq32, dq32_floats);
+  });
 }
 
 void ExpLanes(const float* x, float* y, int64_t n) {
@@ -416,8 +423,8 @@ void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* 
   HWY_DYNAMIC_DISPATCH(Forward)(s, scale, b, ws, slots, lse);
 }
 void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
-                    const float* lse, float* delta, BackwardPasses passes) {
-  HWY_DYNAMIC_DISPATCH(Backward)(s, scale, b, ws, slots, lse, delta, passes);
+                    const float* lse, float* delta, BackwardPasses passes, float* dq32, int64_t dq32_floats) {
+  HWY_DYNAMIC_DISPATCH(Backward)(s, scale, b, ws, slots, lse, delta, passes, dq32, dq32_floats);
 }
 void exp_approx_lanes(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpLanes)(x, y, n); }
 

@@ -17,14 +17,17 @@ namespace memtrade::attention::simd {
 
 // How the backward splits its work. two: pass 1 gives each key tile's dK and dV, pass 2 each query tile's
 // dQ (recomputing S and dP); parallel over tiles. one: each (batch, KV head) runs its key tiles in order
-// and also adds dS K into dQ in the fp32 output, so S and dP are computed once (5 tile products per tile
-// pair instead of 7); parallel over KV heads, fp32 only (16-bit dtypes take two passes). Both give the
-// same bits. automatic: one where it applies and every thread has a KV head of its own.
+// and also adds dS K into its fp32 dQ rows, so S and dP are computed once (5 tile products per tile pair
+// instead of 7); parallel over KV heads. fp32 accumulates in the output. 16-bit dtypes accumulate in dq32,
+// caller-owned scratch of dq32_floats floats (FlashAttention-2's dq_accum, per thread): each thread needs
+// one KV head's query rows, group x n x d floats; with less room they take two passes. Both give the same
+// bits. automatic: one where it applies and every thread has a KV head of its own.
 enum class BackwardPasses { automatic, one, two };
 
 void flash_forward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots, float* lse);
 void flash_backward(const Dims& s, float scale, const FlashCpuBuffers& b, float* ws, int64_t slots,
-                    const float* lse, float* delta, BackwardPasses passes = BackwardPasses::automatic);
+                    const float* lse, float* delta, BackwardPasses passes = BackwardPasses::automatic,
+                    float* dq32 = nullptr, int64_t dq32_floats = 0);
 
 // y[i] = the kernels' vector exp of x[i] on the dispatched target (for tests against exp_approx).
 void exp_approx_lanes(const float* x, float* y, int64_t n);
