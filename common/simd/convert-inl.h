@@ -83,21 +83,20 @@ HWY_INLINE cvt::VF LoadF32(const T* p) {
   return LoadF32(cvt::DF(), p);
 }
 
-// fp32 -> bf16, float_to_bf16_bits's rounding (to nearest even; NaN quiet with its top payload bits).
+// fp32 -> bf16, float_to_bf16_bits's rounding (to nearest even; NaN quiet with its top payload bits). The
+// rounding bias is added to the whole pattern: the carry can reach the exponent (up to Inf) but never the
+// sign, except from a NaN, which takes the other branch. An arithmetic shift leaves the bf16 bits sign-
+// extended, so the signed saturating narrow is exact.
 HWY_INLINE void StoreBF16(cvt::VF v, bf16_t* out) {
   namespace hn = hwy::HWY_NAMESPACE;
   using namespace cvt;
   const DU du;
   const DI di;
   const auto x = hn::BitCast(du, v);
-  const auto sign = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 0x8000u));
-  const auto a = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
-  const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(a, hn::Set(du, 0x7FFFu)), hn::And(hn::ShiftRight<16>(a), hn::Set(du, 1u))));
-  const auto nan = hn::Or(hn::Set(du, 0x7FC0u), hn::And(hn::ShiftRight<16>(a), hn::Set(du, 0x7Fu)));
-  const auto is_nan = hn::Gt(hn::BitCast(di, a), hn::Set(di, 0x7F800000));
-  const auto bits = hn::Or(sign, hn::IfThenElse(hn::RebindMask(du, is_nan), nan, rounded));
-  const hn::Rebind<uint16_t, DI> d16;
-  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, reinterpret_cast<uint16_t*>(out));
+  const auto bias = hn::Add(hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u)), hn::Set(du, 0x7FFFu));
+  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Or(x, hn::Set(du, 0x00400000u)), hn::Add(x, bias));
+  const hn::Rebind<int16_t, DI> d16;
+  hn::StoreU(hn::DemoteTo(d16, hn::ShiftRight<16>(hn::BitCast(di, bits))), d16, reinterpret_cast<int16_t*>(out));
 }
 
 // fp32 -> fp16 with F16C where the target has it; callers without it round element by element.
