@@ -343,35 +343,44 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   void to_heads(const S* src, S* dst, int64_t heads, bool rotate) { permute(src, dst, heads, rotate, true); }
   void from_heads(const S* src, S* dst, int64_t heads, bool rotate) { permute(src, dst, heads, rotate, false); }
   void permute(const S* src, S* dst, int64_t heads, bool rotate, bool forward) {
-    const int64_t T = o_.seq, hd = c_.head_dim(), half = hd / 2;
+    const int64_t T = o_.seq, hd = c_.head_dim(), half = hd / 2, width = heads * hd;
     const C* tab = rope_.as<C>();
+    const C sign = forward ? C(1) : C(-1);
+    // One head's pairs: y = x rotated for position t.
+    auto rotate_head = [&](const C* x, C* y, int64_t t) {
+      for (int64_t i = 0; i < half; ++i)
+        rope_rotate_pair(x[i], x[i + half], tab[(t * half + i) * 2], tab[(t * half + i) * 2 + 1] * sign, y[i], y[i + half]);
+    };
 #pragma omp parallel for num_threads(threads())
     for (int64_t bt = 0; bt < rows(); ++bt) {
       const int64_t b = bt / T, t = bt % T;
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t flat = (bt * heads + h) * hd, head = ((b * heads + h) * T + t) * hd;
-        const S* in = src + (forward ? flat : head);
-        S* out = dst + (forward ? head : flat);
-        if (!rotate) {
-          std::copy_n(in, hd, out);
-          continue;
+      auto flat = [&](int64_t h) { return (bt * heads + h) * hd; };
+      auto head = [&](int64_t h) { return ((b * heads + h) * T + t) * hd; };
+      if (!rotate || !kNarrow) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const S* in = src + (forward ? flat(h) : head(h));
+          S* out = dst + (forward ? head(h) : flat(h));
+          if (!rotate) std::copy_n(in, hd, out);
+          else if constexpr (!kNarrow) rotate_head(in, out, t);
         }
-        // 16-bit rows are rotated in C scratch, widened and narrowed in SIMD.
-        const C* x;
-        C* y;
-        if constexpr (kNarrow) {
-          load_row(in, slot(0), hd);
-          x = slot(0);
-          y = slot(1);
-        } else {
-          x = in;
-          y = out;
-        }
-        for (int64_t i = 0; i < half; ++i) {
-          const C cs = tab[(t * half + i) * 2], sn = tab[(t * half + i) * 2 + 1] * (forward ? C(1) : C(-1));
-          rope_rotate_pair(x[i], x[i + half], cs, sn, y[i], y[i + half]);
-        }
-        if constexpr (kNarrow) store_row(y, out, hd);
+        continue;
+      }
+      // 16-bit rows: the row's heads side by side, widened in one call (gathered from the head layout
+      // first), rotated, and narrowed in one call (then scattered into the head layout).
+      C *x = slot(0), *y = slot(1);
+      S* row = reinterpret_cast<S*>(slot(2));
+      if (forward) {
+        load_row(src + flat(0), x, width);
+      } else {
+        for (int64_t h = 0; h < heads; ++h) std::copy_n(src + head(h), hd, row + h * hd);
+        load_row(row, x, width);
+      }
+      for (int64_t h = 0; h < heads; ++h) rotate_head(x + h * hd, y + h * hd, t);
+      if (forward) {
+        store_row(y, row, width);
+        for (int64_t h = 0; h < heads; ++h) std::copy_n(row + h * hd, hd, dst + head(h));
+      } else {
+        store_row(y, dst + flat(0), width);
       }
     }
   }
