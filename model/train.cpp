@@ -223,13 +223,10 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 #pragma omp parallel for num_threads(threads()) reduction(+ : nonzero, under)
     for (int64_t c = 0; c < m * n; c += width_) {
       const int64_t len = std::min(width_, m * n - c);
-      if constexpr (std::is_same_v<C, float>) {  // in vectors; fp32 gradients in place
-        C* g = std::is_same_v<S, float> ? reinterpret_cast<C*>(grad + c) : slot(0);
-        if constexpr (kNarrow) load_row(grad + c, g, len);
-        const simd::GradAddCounts k = simd::grad_add(r + c, g, len);
+      if constexpr (std::is_same_v<C, float>) {  // in vectors, in place (16-bit gradients widened in registers)
+        const simd::GradAddCounts k = simd::grad_add(r + c, grad + c, len);
         nonzero += k.nonzero;
         under += k.f16_underflow;
-        if constexpr (kNarrow) store_row(g, grad + c, len);
       } else {
         C* g = slot(0);
         load_row(grad + c, g, len);

@@ -97,6 +97,22 @@ TEST(GradAdd, SumsAndCountsEqualTheScalarLoopOnEveryTarget) {
       EXPECT_EQ(c.nonzero, nonzero) << simd::name_of(target) << " n=" << n;
       EXPECT_EQ(c.f16_underflow, under) << simd::name_of(target) << " n=" << n;
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << simd::name_of(target) << " n=" << n;
+      // 16-bit gradients: each element widened, added and rounded once, as the scalar conversions do
+      auto check16 = [&](auto tag) {
+        using G = decltype(tag);
+        std::vector<G> g16(g0.size()), want16(g0.size());
+        for (size_t i = 0; i < g0.size(); ++i) {
+          g16[i] = from_f32<G>(g0[i] + std::ldexp(r[(i * 7) % r.size()], -3));  // rounding work to do
+          want16[i] = static_cast<int64_t>(i) < n ? from_f32<G>(to_f32(g16[i]) + r[i]) : g16[i];
+        }
+        const simd::GradAddCounts c16 = simd::grad_add(r.data(), g16.data(), n);
+        EXPECT_EQ(c16.nonzero, nonzero) << simd::name_of(target) << " n=" << n;
+        EXPECT_EQ(c16.f16_underflow, under) << simd::name_of(target) << " n=" << n;
+        EXPECT_EQ(0, std::memcmp(g16.data(), want16.data(), want16.size() * sizeof(G)))
+            << simd::name_of(target) << " n=" << n << (std::is_same_v<G, bf16_t> ? " bf16" : " fp16");
+      };
+      check16(bf16_t{});
+      check16(f16_t{});
     }
   }
   simd::restrict_to(0);
