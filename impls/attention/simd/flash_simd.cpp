@@ -171,11 +171,33 @@ HWY_INLINE void LoadRows(const T* src, int rows, int64_t d, float mult, float* d
   for (; i + N <= n; i += N) hn::StoreU(hn::Mul(memtrade::simd::HWY_NAMESPACE::LoadF32(src + i), hn::Set(df, mult)), df, dst + i);
   for (; i < n; ++i) dst[i] = to_f32(src[i]) * mult;
 }
-// A tile of `rows` rows of length d into [d x 64] (transposed), times mult, zero past `rows`.
+// A tile of `rows` rows of length d into [d x 64] (transposed), times mult, zero past `rows`. 16-bit rows
+// are widened in vectors into `buf` (rows x d floats) first.
 template <class T>
-HWY_INLINE void LoadTransposed(const T* src, int rows, int64_t d, float mult, float* dst) {
+HWY_INLINE void LoadTransposed(const T* src, int rows, int64_t d, float mult, float* dst, float* buf) {
+  const float* x;
+  if constexpr (std::is_same_v<T, float>) {
+    x = src;
+  } else {
+    LoadRows(src, rows, d, 1.f, buf);
+    x = buf;
+  }
   for (int64_t p = 0; p < d; ++p)
-    for (int j = 0; j < BC; ++j) dst[p * BC + j] = j < rows ? to_f32(src[j * d + p]) * mult : 0.f;
+    for (int j = 0; j < BC; ++j) dst[p * BC + j] = j < rows ? x[j * d + p] * mult : 0.f;
+}
+// dst[i] = src[i] * mult rounded to T, in vectors (the scalar conversion's bits on every target).
+template <class T>
+HWY_INLINE void StoreRow(const float* src, float mult, T* dst, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF v = hn::Mul(hn::LoadU(df, src + i), hn::Set(df, mult));
+    if constexpr (std::is_same_v<T, float>) hn::StoreU(v, df, dst + i);
+    else if constexpr (std::is_same_v<T, bf16_t>) memtrade::simd::HWY_NAMESPACE::StoreBF16(v, dst + i);
+    else memtrade::simd::HWY_NAMESPACE::StoreF16(v, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = from_f32<T>(src[i] * mult);
 }
 
 // A slot's buffers, carved from one tracked allocation (cpu_flash_slot_bytes(d) bytes).
@@ -209,7 +231,7 @@ class Kernel {
       const int64_t bh = item / tiles, i0 = (item % tiles) * BR, bkv = kv_head(bh);
       const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
       float* qT = w.kT;  // the scaled query tile, transposed: [d x BR]
-      LoadTransposed(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, qT);
+      LoadTransposed(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, qT, w.q);
       std::fill_n(w.acc, rows * d, 0.f);
       std::fill_n(w.m, BR, -INFINITY);
       std::fill_n(w.l, BR, 0.f);
@@ -224,8 +246,7 @@ class Kernel {
         Gemm(rows, static_cast<int>(d), cols, w.s, 1, BR, vt, d, w.acc, d, Init::scale, c);  // O = c O + P V
       }
       for (int i = 0; i < rows; ++i) {
-        const float inv = inverse_row_sum(w.l[i]);
-        for (int64_t x = 0; x < d; ++x) og[(bh * n + i0 + i) * d + x] = from_f32<T>(w.acc[i * d + x] * inv);
+        StoreRow(w.acc + i * d, inverse_row_sum(w.l[i]), og + (bh * n + i0 + i) * d, d);
         if (lse) lse[bh * n + i0 + i] = row_lse(w.m[i], w.l[i]);
       }
     }
@@ -236,9 +257,20 @@ class Kernel {
     const int di = static_cast<int>(d);
     const T *og = in(b_.o), *dog = in(b_.dout);
 #pragma omp parallel for schedule(static) num_threads(threads_)
-    for (int64_t r = 0; r < s_.rows(); ++r) {  // delta_i = dO_i . O_i
+    for (int64_t r = 0; r < s_.rows(); ++r) {  // delta_i = dO_i . O_i, summed in order (16-bit rows widened first)
+      const float *a, *o;
+      if constexpr (std::is_same_v<T, float>) {
+        a = dog + r * d;
+        o = og + r * d;
+      } else {
+        Slot w = slot();
+        LoadRows(dog + r * d, 1, d, 1.f, w.dout);
+        LoadRows(og + r * d, 1, d, 1.f, w.q);
+        a = w.dout;
+        o = w.q;
+      }
       float acc = 0.f;
-      for (int64_t x = 0; x < d; ++x) acc += to_f32(dog[r * d + x]) * to_f32(og[r * d + x]);
+      for (int64_t x = 0; x < d; ++x) acc += a[x] * o[x];
       delta[r] = acc;
     }
     // One pass: each (batch, KV head) runs its key tiles in order and adds dS K into its group's fp32 dQ
@@ -252,8 +284,7 @@ class Kernel {
         float* dq = std::is_same_v<T, float> ? static_cast<float*>(b_.dq) + bkv * per_kv : dq32 + omp_get_thread_num() * per_kv;
         std::fill_n(dq, per_kv, 0.f);
         for (int64_t j0 = 0; j0 < nk; j0 += BC) key_tile(w, bkv, j0, lse, delta, dq);
-        T* dst = out(b_.dq) + bkv * per_kv;
-        for (int64_t x = 0; x < per_kv; ++x) dst[x] = from_f32<T>(dq[x] * scale_);
+        StoreRow(dq, scale_, out(b_.dq) + bkv * per_kv, per_kv);
       }
       return;
     }
@@ -271,8 +302,8 @@ class Kernel {
       const int64_t bh = item / qtiles, i0 = (item % qtiles) * BR, bkv = kv_head(bh);
       const int rows = static_cast<int>(std::min<int64_t>(BR, n - i0));
       float *qT = w.kT, *doT = w.vT;
-      LoadTransposed(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, qT);
-      LoadTransposed(dog + (bh * n + i0) * d, rows, d, 1.f, doT);
+      LoadTransposed(in(b_.q) + (bh * n + i0) * d, rows, d, scale_, qT, w.q);
+      LoadTransposed(dog + (bh * n + i0) * d, rows, d, 1.f, doT, w.dout);
       for (int i = 0; i < BR; ++i) {  // rows past the tile: p = 0 and dS = 0
         w.lse[i] = i < rows ? lse[bh * n + i0 + i] : INFINITY;
         w.delta[i] = i < rows ? delta[bh * n + i0 + i] : 0.f;
@@ -288,7 +319,7 @@ class Kernel {
         for (int j = 0; j < cols; ++j) ProbsAndGrads<true>(w.s + j * BR, w.dp + j * BR, BR, w.lse, w.delta);
         Gemm(rows, di, cols, w.dp, 1, BR, kt, d, w.acc, d, Init::keep);  // dQ += dS K (scaled at the end)
       }
-      for (int64_t x = 0; x < rows * d; ++x) out(b_.dq)[(bh * n + i0) * d + x] = from_f32<T>(w.acc[x] * scale_);
+      StoreRow(w.acc, scale_, out(b_.dq) + (bh * n + i0) * d, rows * d);
     }
   }
 
@@ -310,9 +341,9 @@ class Kernel {
     const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, b = bkv / s_.h_kv;
     const int di = static_cast<int>(d);
     const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
-    LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT);
-    LoadTransposed(in(b_.v) + (bkv * nk + j0) * d, cols, d, 1.f, w.vT);
-    const float* kt = dq ? rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k) : nullptr;
+    LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT, w.k);  // 16-bit: leaves K's rows in w.k
+    LoadTransposed(in(b_.v) + (bkv * nk + j0) * d, cols, d, 1.f, w.vT, w.v);
+    const float* kt = !dq ? nullptr : std::is_same_v<T, float> ? rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k) : w.k;
     std::fill_n(w.dk, cols * d, 0.f);
     std::fill_n(w.dv, cols * d, 0.f);
     for (int64_t g = 0; g < s_.group(); ++g) {
@@ -335,10 +366,8 @@ class Kernel {
           Gemm(rows, di, cols, w.dp, BC, 1, kt, d, dq + (g * n + i0) * d, d, Init::keep);
       }
     }
-    for (int64_t x = 0; x < cols * d; ++x) {
-      out(b_.dk)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dk[x]);
-      out(b_.dv)[(bkv * nk + j0) * d + x] = from_f32<T>(w.dv[x]);
-    }
+    StoreRow(w.dk, 1.f, out(b_.dk) + (bkv * nk + j0) * d, cols * d);
+    StoreRow(w.dv, 1.f, out(b_.dv) + (bkv * nk + j0) * d, cols * d);
   }
 
  private:
