@@ -500,11 +500,24 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
 
   // ---- AdamW under the policy ----
 
+  // A gradient whose unscaled value g * inv (in double) is Inf or NaN. A product of two finite floats cannot
+  // overflow a double, so with a finite inv that is a non-finite g: in 16 bits an exponent field of all
+  // ones, read from the bits without widening.
   bool any_non_finite(const S* g, float inv) {
+    const int64_t P = this->trainable_total();
     int64_t bad = 0;
+    if constexpr (std::is_same_v<S, double>) {
 #pragma omp parallel for num_threads(threads()) reduction(+ : bad)
-    for (int64_t i = 0; i < this->trainable_total(); ++i)
-      if (!std::isfinite(static_cast<double>(ld(g[i])) * inv)) ++bad;
+      for (int64_t i = 0; i < P; ++i) bad += !std::isfinite(g[i] * inv);
+    } else {
+      if (!std::isfinite(inv)) return P > 0;  // 0 x Inf is NaN too
+      constexpr uint16_t exp16 = std::is_same_v<S, bf16_t> ? 0x7F80 : 0x7C00;
+#pragma omp parallel for num_threads(threads()) reduction(+ : bad)
+      for (int64_t i = 0; i < P; ++i) {
+        if constexpr (std::is_same_v<S, float>) bad += !std::isfinite(g[i]);
+        else bad += (g[i].bits & exp16) == exp16;
+      }
+    }
     return bad > 0;
   }
 
