@@ -277,7 +277,7 @@ class Kernel {
     // rows (the fp32 output in place; for 16-bit outputs the thread's part of dq32), in the order the
     // second pass would: the same bits, without recomputing S and dP.
     const int64_t per_kv = s_.group() * n * d;  // the group's query heads' dQ rows, contiguous
-    if (one_pass(passes, dq32 ? dq32_floats / per_kv : 0)) {
+    if (one_pass(passes, dq32 && per_kv > 0 ? dq32_floats / per_kv : 0)) {
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
       for (int64_t bkv = 0; bkv < s_.b * s_.h_kv; ++bkv) {
         Slot w = slot();
