@@ -167,7 +167,6 @@ HWY_INLINE void Block(const float* HWY_RESTRICT a, const float* HWY_RESTRICT bp,
       c1[r] = hn::MulAdd(x, b1, c1[r]);
     }
   }
-  constexpr bool kNarrow = !std::is_same_v<O, float>;
   if (w == 2 * N) {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -176,16 +175,8 @@ HWY_INLINE void Block(const float* HWY_RESTRICT a, const float* HWY_RESTRICT bp,
         c0[r] = hn::Add(LoadF32(cr), c0[r]);
         c1[r] = hn::Add(LoadF32(cr + N), c1[r]);
       }
-      if constexpr (!kNarrow) {
-        hn::StoreU(c0[r], df, cr);
-        hn::StoreU(c1[r], df, cr + N);
-      } else if constexpr (std::is_same_v<O, bf16_t>) {
-        StoreBF16(c0[r], cr);
-        StoreBF16(c1[r], cr + N);
-      } else {
-        StoreF16(c0[r], cr);
-        StoreF16(c1[r], cr + N);
-      }
+      StoreAs(c0[r], cr);
+      StoreAs(c1[r], cr + N);
     }
   } else {
     HWY_ALIGN float t[2 * hn::MaxLanes(df)];

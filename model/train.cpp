@@ -199,14 +199,10 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
     }
     gemm_raw(ta, tb, m, n, k, A, B);
     C* r = gemm_out_.as<C>();
-    if constexpr (kNarrow) {  // r (+)= out in place, then narrowed in SIMD
+    if constexpr (kNarrow) {  // out (+)= r, narrowed in SIMD
       chunks(m * n, [&](int64_t lo, int64_t len) {
-        if (acc) {
-          C* o = slot(0);
-          load_row(out + lo, o, len);
-          for (int64_t i = 0; i < len; ++i) r[lo + i] = o[i] + r[lo + i];
-        }
-        store_row(r + lo, out + lo, len);
+        if (acc) add_row(r + lo, out + lo, len, slot(0));
+        else store_row(r + lo, out + lo, len);
       });
     } else {
 #pragma omp parallel for num_threads(threads())

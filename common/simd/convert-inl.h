@@ -112,6 +112,14 @@ HWY_INLINE void StoreF16(cvt::VF v, f16_t* out) {
   }
 }
 
+// Lanes(DF) fp32 values stored as T (float, bf16_t or f16_t), rounded as the scalar conversions round.
+template <class T>
+HWY_INLINE void StoreAs(cvt::VF v, T* out) {
+  if constexpr (std::is_same_v<T, float>) hwy::HWY_NAMESPACE::StoreU(v, cvt::DF(), out);
+  else if constexpr (std::is_same_v<T, bf16_t>) StoreBF16(v, out);
+  else StoreF16(v, out);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace memtrade::simd
 HWY_AFTER_NAMESPACE();

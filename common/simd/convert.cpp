@@ -17,10 +17,7 @@ void Convert(const S* HWY_RESTRICT src, D* HWY_RESTRICT dst, int64_t n) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(cvt::DF()));
   int64_t i = 0;
   for (; i + N <= n; i += N) {
-    const cvt::VF v = LoadF32(src + i);
-    if constexpr (std::is_same_v<D, float>) hn::StoreU(v, cvt::DF(), dst + i);
-    else if constexpr (std::is_same_v<D, bf16_t>) StoreBF16(v, dst + i);
-    else StoreF16(v, dst + i);
+    StoreAs(LoadF32(src + i), dst + i);
   }
   for (; i < n; ++i) dst[i] = memtrade::from_f32<D>(memtrade::to_f32(src[i]));
 }

@@ -22,10 +22,7 @@ GradAddCounts GradAdd(const float* HWY_RESTRICT r, G* HWY_RESTRICT g, int64_t n)
   int64_t i = 0;
   for (; i + N <= n; i += N) {
     const auto v = hn::LoadU(df, r + i);
-    const auto sum = hn::Add(LoadF32(g + i), v);
-    if constexpr (std::is_same_v<G, float>) hn::StoreU(sum, df, g + i);
-    else if constexpr (std::is_same_v<G, bf16_t>) StoreBF16(sum, g + i);
-    else StoreF16(sum, g + i);
+    StoreAs(hn::Add(LoadF32(g + i), v), g + i);
     const auto nonzero = hn::Not(hn::Eq(v, zero));  // NaN != 0, as in the scalar loop
     c.nonzero += static_cast<int64_t>(hn::CountTrue(df, nonzero));
     c.f16_underflow += static_cast<int64_t>(hn::CountTrue(df, hn::And(nonzero, hn::Le(hn::Abs(v), tiny))));

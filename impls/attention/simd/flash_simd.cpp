@@ -191,12 +191,7 @@ HWY_INLINE void StoreRow(const float* src, float mult, T* dst, int64_t n) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const VF v = hn::Mul(hn::LoadU(df, src + i), hn::Set(df, mult));
-    if constexpr (std::is_same_v<T, float>) hn::StoreU(v, df, dst + i);
-    else if constexpr (std::is_same_v<T, bf16_t>) memtrade::simd::HWY_NAMESPACE::StoreBF16(v, dst + i);
-    else memtrade::simd::HWY_NAMESPACE::StoreF16(v, dst + i);
-  }
+  for (; i + N <= n; i += N) memtrade::simd::HWY_NAMESPACE::StoreAs(hn::Mul(hn::LoadU(df, src + i), hn::Set(df, mult)), dst + i);
   for (; i < n; ++i) dst[i] = from_f32<T>(src[i] * mult);
 }
 
