@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "datasets/random.hpp"
 #include "model/cpu_adam.hpp"
 #include "model/layers.hpp"
+#include "precision/policies.hpp"
 
 #ifndef MEMTRADE_CPU_ADAM_ONCE
 #define MEMTRADE_CPU_ADAM_ONCE
@@ -24,6 +26,19 @@ constexpr Elem elem_of() {
   else return Elem::f16;
 }
 constexpr int64_t kAdamTile = 16384;
+
+// bf16-pure: the stochastic rounding bits of element i, and one element's update (the reference, and the
+// vector tile's remainder).
+inline uint32_t sr_bits(uint64_t seed, uint64_t i) {
+  return static_cast<uint32_t>(datasets::mix64(seed ^ datasets::mix64(i)));
+}
+inline void bf16_sr_element(const AdamStep& s, bf16_t& w, bf16_t& m, bf16_t& v, bf16_t g, uint32_t bits) {
+  float p = to_f32(w), mi = to_f32(m), vi = to_f32(v);
+  adamw_step(p, to_f32(g) * s.grad_scale, mi, vi, s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.bc1, s.bc2);
+  m = from_f32<bf16_t>(mi);
+  v = from_f32<bf16_t>(vi);
+  w = precision::round_bf16_stochastic(p, bits);
+}
 }  // namespace memtrade::model::detail
 #endif
 
@@ -37,6 +52,7 @@ using VF = hn::Vec<DF>;
 
 using memtrade::simd::HWY_NAMESPACE::LoadF32;
 using memtrade::simd::HWY_NAMESPACE::StoreBF16;
+using memtrade::simd::HWY_NAMESPACE::StoreBF16Stochastic;
 using memtrade::simd::HWY_NAMESPACE::StoreF16;
 constexpr bool kF16Hardware = memtrade::simd::HWY_NAMESPACE::cvt::kF16Hardware;
 
@@ -108,6 +124,48 @@ void AdamTiles(const AdamStep& s, float* p, float* m, float* v, const void* g, E
   }
 }
 
+// bf16-pure, one tile: the rounding bits of a block of elements first (a loop of independent 64-bit
+// hashes), then the update in vectors with the same operations as tile().
+void bf16_sr_tile(const AdamStep& s, bf16_t* HWY_RESTRICT w, bf16_t* HWY_RESTRICT m, bf16_t* HWY_RESTRICT v,
+                  const bf16_t* HWY_RESTRICT g, int64_t n, uint64_t seed, uint64_t counter) {
+  constexpr int64_t kBlock = 512;
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const VF decay = hn::Set(df, s.lr * s.weight_decay), b1 = hn::Set(df, s.beta1), b2 = hn::Set(df, s.beta2);
+  const VF c1 = hn::Set(df, 1.f - s.beta1), c2 = hn::Set(df, 1.f - s.beta2), lr = hn::Set(df, s.lr);
+  const VF bc1 = hn::Set(df, s.bc1), bc2 = hn::Set(df, s.bc2), eps = hn::Set(df, s.eps), scale = hn::Set(df, s.grad_scale);
+  HWY_ALIGN uint32_t bits[kBlock];
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t len = std::min(kBlock, n - b);
+    for (int64_t j = 0; j < len; ++j) bits[j] = sr_bits(seed, counter + b + j);
+    int64_t j = 0;
+    for (; j + N <= len; j += N) {
+      const int64_t i = b + j;
+      const VF grad = hn::Mul(LoadF32(g + i), scale);
+      VF pi = LoadF32(w + i);
+      pi = hn::Sub(pi, hn::Mul(decay, pi));
+      const VF mi = hn::Add(hn::Mul(b1, LoadF32(m + i)), hn::Mul(c1, grad));
+      const VF vi = hn::Add(hn::Mul(b2, LoadF32(v + i)), hn::Mul(hn::Mul(c2, grad), grad));
+      pi = hn::Sub(pi, hn::Div(hn::Mul(lr, hn::Div(mi, bc1)), hn::Add(hn::Sqrt(hn::Div(vi, bc2)), eps)));
+      StoreBF16(mi, m + i);
+      StoreBF16(vi, v + i);
+      StoreBF16Stochastic(pi, hn::Load(du, bits + j), w + i);
+    }
+    for (; j < len; ++j) bf16_sr_element(s, w[b + j], m[b + j], v[b + j], g[b + j], bits[j]);
+  }
+}
+
+void AdamBf16Sr(const AdamStep& s, bf16_t* w, bf16_t* m, bf16_t* v, const bf16_t* g, int64_t n, uint64_t seed,
+                uint64_t counter) {
+  const int64_t tiles = (n + kAdamTile - 1) / kAdamTile;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t o = t * kAdamTile, len = std::min(kAdamTile, n - o);
+    bf16_sr_tile(s, w + o, m + o, v + o, g + o, len, seed, counter + static_cast<uint64_t>(o));
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace memtrade::model::detail
 HWY_AFTER_NAMESPACE();
@@ -117,6 +175,7 @@ namespace memtrade::model {
 
 namespace detail {
 HWY_EXPORT(AdamTiles);
+HWY_EXPORT(AdamBf16Sr);
 }
 
 template <class G, class W>
@@ -132,6 +191,18 @@ void cpu_adamw_scalar(const AdamStep& s, float* master, float* m, float* v, cons
     adamw_step(master[i], g, m[i], v[i], s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.bc1, s.bc2);
     if (weights) weights[i] = from_f32<W>(master[i]);
   }
+}
+
+void cpu_adamw_bf16_sr(const AdamStep& s, bf16_t* weights, bf16_t* m, bf16_t* v, const bf16_t* grad, int64_t n,
+                       uint64_t seed, uint64_t counter) {
+  HWY_DYNAMIC_DISPATCH(detail::AdamBf16Sr)(s, weights, m, v, grad, n, seed, counter);
+}
+
+void cpu_adamw_bf16_sr_scalar(const AdamStep& s, bf16_t* weights, bf16_t* m, bf16_t* v, const bf16_t* grad,
+                              int64_t n, uint64_t seed, uint64_t counter) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    detail::bf16_sr_element(s, weights[i], m[i], v[i], grad[i], detail::sr_bits(seed, counter + static_cast<uint64_t>(i)));
 }
 
 #define MEMTRADE_ADAM_INSTANTIATE(G, W)                                                                     \

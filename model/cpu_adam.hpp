@@ -29,4 +29,15 @@ void cpu_adamw(const AdamStep& s, float* master, float* m, float* v, const G* gr
 template <class G, class W>
 void cpu_adamw_scalar(const AdamStep& s, float* master, float* m, float* v, const G* grad, W* weights, int64_t n);
 
+// bf16-pure's AdamW: bf16 weights, gradients and moments, no master copy. Each element is widened, updated
+// with adamw_step in fp32, its moments rounded to nearest even, and its weight rounded stochastically
+// (precision::round_bf16_stochastic) with the bits mix64(seed ^ mix64(counter + i)) for element i, so the
+// result is a pure function of (seed, counter, inputs) on every target and thread count. The trainer passes
+// counter = step x trainable parameters + the tensor's offset.
+void cpu_adamw_bf16_sr(const AdamStep& s, bf16_t* weights, bf16_t* m, bf16_t* v, const bf16_t* grad, int64_t n,
+                       uint64_t seed, uint64_t counter);
+// The same one element at a time: the reference.
+void cpu_adamw_bf16_sr_scalar(const AdamStep& s, bf16_t* weights, bf16_t* m, bf16_t* v, const bf16_t* grad,
+                              int64_t n, uint64_t seed, uint64_t counter);
+
 }  // namespace memtrade::model

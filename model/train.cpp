@@ -518,51 +518,23 @@ class CpuTrainer final : public TrainerCore<CpuTrainer<S, M>, S, M, Comp<S>> {
   }
 
   void adamw(const ParamTensor& pt, float lr, float wd, float bc1, float bc2, float inv, int64_t t) {
+    const AdamStep st{lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2, inv};
+    S* w = this->tw().template as<S>() + pt.offset;
+    const S* g = grads_.template as<S>() + pt.offset;
+    M *m = m_.template as<M>() + pt.offset, *v = v_.template as<M>() + pt.offset;
     if constexpr (std::is_same_v<M, float>) {  // fp32 moments: the host AdamW kernel (the offload path's)
-      const AdamStep st{lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2, inv};
-      S* w = this->tw().template as<S>() + pt.offset;
-      const S* g = grads_.template as<S>() + pt.offset;
-      float *m = m_.template as<float>() + pt.offset, *v = v_.template as<float>() + pt.offset;
       if (master_) cpu_adamw<S, S>(st, master_buf_.template as<float>() + pt.offset, m, v, g, w, pt.size);
       else if constexpr (std::is_same_v<S, float>) cpu_adamw<float, float>(st, w, m, v, g, nullptr, pt.size);
       else throw Error("training: 16-bit weights with fp32 moments need a master copy");
-      return;
-    }
-    using U = std::conditional_t<std::is_same_v<M, double>, double, float>;  // update arithmetic
-    const int64_t P = this->trainable_total();
-    S* w = this->tw().template as<S>();
-    const S* g = grads_.template as<S>();
-    M *m = m_.template as<M>(), *v = v_.template as<M>();
-    float* mw = master_ ? master_buf_.template as<float>() : nullptr;
+    } else if constexpr (std::is_same_v<M, bf16_t>) {  // bf16-pure: bits a function of (seed, step, index)
+      static_assert(std::is_same_v<S, bf16_t>);
+      cpu_adamw_bf16_sr(st, w, m, v, g, pt.size, o_.seed, static_cast<uint64_t>(t) * this->trainable_total() + pt.offset);
+    } else {  // the float64 reference
+      static_assert(std::is_same_v<S, double> && std::is_same_v<M, double>);
 #pragma omp parallel for num_threads(threads())
-    for (int64_t i = pt.offset; i < pt.offset + pt.size; ++i) {
-      const U grad = static_cast<U>(ld(g[i])) * static_cast<U>(inv);
-      U mi = load_moment(m[i]), vi = load_moment(v[i]);
-      U p = master_ ? static_cast<U>(mw[i]) : static_cast<U>(ld(w[i]));
-      adamw_step(p, grad, mi, vi, lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2);
-      m[i] = store_moment(mi);
-      v[i] = store_moment(vi);
-      if (master_) {
-        mw[i] = static_cast<float>(p);
-        w[i] = st<S>(static_cast<C>(p));
-      } else if constexpr (std::is_same_v<S, bf16_t>) {
-        // bf16-pure: stochastic rounding, bits a pure function of (seed, step, index).
-        const auto bits = static_cast<uint32_t>(datasets::mix64(o_.seed ^ datasets::mix64(static_cast<uint64_t>(t) * P + i)));
-        w[i] = precision::round_bf16_stochastic(static_cast<float>(p), bits);
-      } else {
-        w[i] = st<S>(static_cast<C>(p));
-      }
+      for (int64_t i = 0; i < pt.size; ++i)
+        adamw_step(w[i], g[i] * static_cast<double>(inv), m[i], v[i], lr, o_.beta1, o_.beta2, o_.eps, wd, bc1, bc2);
     }
-  }
-
-  static auto load_moment(M x) {
-    if constexpr (std::is_same_v<M, double>) return x;
-    else return to_f32(x);
-  }
-  template <class U>
-  static M store_moment(U x) {
-    if constexpr (std::is_same_v<M, double>) return x;
-    else return from_f32<M>(static_cast<float>(x));
   }
 
   Buffer gemm_out_, gemm_a_, gemm_b_, scratch_, rope_;

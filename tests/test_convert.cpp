@@ -11,6 +11,7 @@
 #include "common/simd/convert.hpp"
 #include "common/simd/grad_add.hpp"
 #include "common/simd/targets.hpp"
+#include "precision/policies.hpp"
 
 using namespace memtrade;
 
@@ -62,6 +63,39 @@ TEST(Convert, BulkConversionsEqualTheScalarOnesOnEveryTarget) {
         ++bad;
       }
     }
+  }
+  simd::restrict_to(0);
+}
+
+// The stochastic fp32 -> bf16 rounding on every target equals precision::round_bf16_stochastic bit for bit
+// over the same inputs as above (every high half, NaN payloads whose sum with the bits would carry into
+// the sign, the largest finite values that can round up to Inf), with random bits and the extreme ones.
+TEST(Convert, StochasticBf16RoundingEqualsTheScalarOneOnEveryTarget) {
+  std::vector<uint32_t> f32bits, random;
+  std::mt19937 rng(11);
+  for (uint32_t hi = 0; hi < 65536; ++hi)
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0xFFFFu}) {
+      f32bits.push_back(hi << 16 | lo);
+      random.push_back(static_cast<uint32_t>(rng()));
+      f32bits.push_back(hi << 16 | lo);
+      random.push_back(lo & 1 ? 0xFFFFu : 0xFFFF0000u);  // the largest addend, and none (high bits only)
+    }
+  for (int i = 0; i < 100003; ++i) {
+    f32bits.push_back(static_cast<uint32_t>(rng()));
+    random.push_back(static_cast<uint32_t>(rng()));
+  }
+  std::vector<float> f32(f32bits.size());
+  std::memcpy(f32.data(), f32bits.data(), f32bits.size() * 4);
+  for (int64_t t : simd::available_targets()) {
+    simd::restrict_to(t);
+    std::vector<bf16_t> out(f32.size());
+    simd::from_f32_stochastic(f32.data(), random.data(), out.data(), static_cast<int64_t>(f32.size()));
+    int bad = 0;
+    for (size_t i = 0; i < f32.size() && bad < 5; ++i)
+      if (out[i].bits != precision::round_bf16_stochastic(f32[i], random[i]).bits) {
+        ADD_FAILURE() << simd::name_of(t) << " 0x" << std::hex << f32bits[i] << " bits 0x" << random[i] << " -> 0x" << out[i].bits;
+        ++bad;
+      }
   }
   simd::restrict_to(0);
 }

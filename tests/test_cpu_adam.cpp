@@ -2,6 +2,8 @@
 // gradient and weight type, and ten steps follow a float64 AdamW written from PyTorch's update formula.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -131,6 +133,83 @@ TEST(CpuAdam, TenStepsFollowPyTorchsFormulaInFloat64) {
       ASSERT_EQ(w[i], s.p[i]);
     }
   }
+}
+
+// bf16-pure's AdamW (bf16 weights and moments, stochastic rounding): every target, and one thread against
+// two, give the scalar reference's bits. Random states at several sizes with non-finite gradients; then
+// every bf16 pattern as a weight, grown by 0.2% through a negative weight decay so that the updated values
+// have low bits to round: subnormals, NaN, Inf, and the largest finite values, which can round up to Inf.
+void expect_bf16_sr_targets_match_scalar(const AdamStep& st, const std::vector<bf16_t>& w0, const std::vector<bf16_t>& grad) {
+  const int64_t n = static_cast<int64_t>(w0.size());
+  const uint64_t seed = 0x5EEDull, counter = 3 * 1048577ull + 12345;
+  auto m0 = values<bf16_t>(n, 2, 1e-3), v0 = std::vector<bf16_t>(n);
+  for (int64_t i = 0; i < n; ++i) v0[i] = from_f32<bf16_t>(static_cast<float>(std::fabs(datasets::normal(4, i))) * 1e-4f);
+  auto w_ref = w0, m_ref = m0, v_ref = v0;
+  model::cpu_adamw_bf16_sr_scalar(st, w_ref.data(), m_ref.data(), v_ref.data(), grad.data(), n, seed, counter);
+  if (n >= 64) ASSERT_FALSE(same_bits(w_ref, w0)) << "n=" << n << ": the step left every weight unchanged";
+  for (int64_t target : simd::available_targets()) {
+    simd::restrict_to(target);
+    for (int threads : {1, 2}) {
+      auto w = w0, m = m0, v = v0;
+      omp_set_num_threads(threads);
+      model::cpu_adamw_bf16_sr(st, w.data(), m.data(), v.data(), grad.data(), n, seed, counter);
+      const std::string what = simd::name_of(target) + " n=" + std::to_string(n) + " threads=" + std::to_string(threads);
+      EXPECT_TRUE(same_bits(w, w_ref)) << what << " weights";
+      EXPECT_TRUE(same_bits(m, m_ref)) << what << " m";
+      EXPECT_TRUE(same_bits(v, v_ref)) << what << " v";
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  simd::restrict_to(0);
+}
+
+TEST(CpuAdam, Bf16PureEveryTargetAndThreadCountEqualsTheScalarReference) {
+  for (int64_t n : {int64_t{1}, int64_t{22}, int64_t{64}, int64_t{1000}, int64_t{16384 + 37}, int64_t{1048577}}) {
+    auto grad = values<bf16_t>(n, 3, 1e-2);
+    if (n >= 8) {
+      grad[1] = from_f32<bf16_t>(std::numeric_limits<float>::infinity());
+      grad[n / 2] = from_f32<bf16_t>(std::numeric_limits<float>::quiet_NaN());
+    }
+    expect_bf16_sr_targets_match_scalar(step_at(3), values<bf16_t>(n, 1, 1.0), grad);
+  }
+  std::vector<bf16_t> every(65536);
+  for (int64_t i = 0; i < 65536; ++i) every[i] = bf16_t{static_cast<uint16_t>(i)};
+  AdamStep grow = step_at(3);
+  grow.weight_decay = -0.002f / grow.lr;
+  expect_bf16_sr_targets_match_scalar(grow, every, values<bf16_t>(65536, 3, 1e-2));
+  // The pattern sweep reaches the cases it is for: some weights round up to Inf, some keep their NaN.
+  auto w = every, m = values<bf16_t>(65536, 2, 1e-3), v = std::vector<bf16_t>(65536);
+  auto grad = values<bf16_t>(65536, 3, 1e-2);
+  model::cpu_adamw_bf16_sr_scalar(grow, w.data(), m.data(), v.data(), grad.data(), 65536, 0x5EEDull, 3 * 1048577ull + 12345);
+  int to_inf = 0;
+  for (int i = 0; i < 65536; ++i) to_inf += (every[i].bits & 0x7FFF) < 0x7F80 && (w[i].bits & 0x7FFF) == 0x7F80;
+  EXPECT_GT(to_inf, 0) << "no finite weight rounded up to Inf";
+}
+
+// The stochastic rounding is unbiased: a million copies of one parameter, each an update far below one bf16
+// step of the weight, average to the fp32 update within 5 standard errors of the rounding; rounding to
+// nearest would leave every copy unchanged. Another seed or step gives other bits.
+TEST(CpuAdam, Bf16PureRoundingAveragesToTheFp32Update) {
+  const int64_t n = 1 << 20;
+  const bf16_t w_start = from_f32<bf16_t>(1.f);  // bf16 step above 1: 2^-7
+  std::vector<bf16_t> w(n, w_start), m(n, bf16_t{0}), v(n, bf16_t{0}), grad(n, from_f32<bf16_t>(0.5f));
+  AdamStep st = step_at(1);
+  st.weight_decay = 0;
+  st.grad_scale = 1;
+  float p = 1.f, mi = 0, vi = 0;
+  model::adamw_step(p, 0.5f, mi, vi, st.lr, st.beta1, st.beta2, st.eps, st.weight_decay, st.bc1, st.bc2);
+  model::cpu_adamw_bf16_sr(st, w.data(), m.data(), v.data(), grad.data(), n, 7, 0);
+  double mean = 0;
+  for (const bf16_t x : w) mean += to_f32(x);
+  mean /= n;
+  const double ulp = std::ldexp(1.0, -8);  // the step below 1, where the updated weight lies
+  const double q = (1.0 - p) / ulp;          // the share of copies that must round down
+  ASSERT_GT(q, 0.01);
+  ASSERT_LT(q, 0.99);
+  EXPECT_NEAR(mean, p, 5 * ulp * std::sqrt(q * (1 - q) / n)) << "fp32 update " << p;
+  std::vector<bf16_t> w2(n, w_start), m2(n, bf16_t{0}), v2(n, bf16_t{0});
+  model::cpu_adamw_bf16_sr(st, w2.data(), m2.data(), v2.data(), grad.data(), n, 8, 0);
+  EXPECT_FALSE(same_bits(w, w2)) << "seeds 7 and 8 gave the same rounding";
 }
 
 }  // namespace

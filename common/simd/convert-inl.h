@@ -99,6 +99,21 @@ HWY_INLINE void StoreBF16(cvt::VF v, bf16_t* out) {
   hn::StoreU(hn::DemoteTo(d16, hn::ShiftRight<16>(hn::BitCast(di, bits))), d16, reinterpret_cast<int16_t*>(out));
 }
 
+// fp32 -> bf16 rounded stochastically, precision::round_bf16_stochastic lane by lane: the low 16 bits of
+// `random` are added to the pattern before truncation. No carry reaches the sign (|x| < 2^128), and Inf,
+// whose low 16 bits are zero, stays Inf; NaN takes StoreBF16's quieting branch.
+HWY_INLINE void StoreBF16Stochastic(cvt::VF v, hwy::HWY_NAMESPACE::Vec<cvt::DU> random, bf16_t* out) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  using namespace cvt;
+  const DU du;
+  const DI di;
+  const auto x = hn::BitCast(du, v);
+  const auto add = hn::And(random, hn::Set(du, 0xFFFFu));
+  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Or(x, hn::Set(du, 0x00400000u)), hn::Add(x, add));
+  const hn::Rebind<int16_t, DI> d16;
+  hn::StoreU(hn::DemoteTo(d16, hn::ShiftRight<16>(hn::BitCast(di, bits))), d16, reinterpret_cast<int16_t*>(out));
+}
+
 // fp32 -> fp16 with F16C where the target has it; callers without it round element by element.
 HWY_INLINE void StoreF16(cvt::VF v, f16_t* out) {
   namespace hn = hwy::HWY_NAMESPACE;
