@@ -6,7 +6,8 @@
 //
 // The arithmetic is layers.hpp's adamw_step operation for operation (decoupled weight decay, then both
 // moments, then the bias-corrected update; no fused multiply-add), so every SIMD target gives the scalar
-// reference's bits and an offloaded step gives the device step's.
+// reference's bits and an offloaded step gives the device step's. bf16-pure's variant (bf16 weights and
+// moments, no master, stochastic rounding) is the same pass over 16-bit state, below.
 #pragma once
 
 #include <cstdint>
