@@ -56,6 +56,18 @@ using memtrade::simd::HWY_NAMESPACE::StoreBF16Stochastic;
 using memtrade::simd::HWY_NAMESPACE::StoreF16;
 constexpr bool kF16Hardware = memtrade::simd::HWY_NAMESPACE::cvt::kF16Hardware;
 
+// adamw_step on one vector, operation for operation: the gradient (unscaled) in, the weight and both
+// moments updated in place. The broadcasts are loop invariants once inlined.
+HWY_INLINE void adam_vec(const AdamStep& s, VF grad, VF& pi, VF& mi, VF& vi) {
+  const DF df;
+  grad = hn::Mul(grad, hn::Set(df, s.grad_scale));
+  pi = hn::Sub(pi, hn::Mul(hn::Set(df, s.lr * s.weight_decay), pi));
+  mi = hn::Add(hn::Mul(hn::Set(df, s.beta1), mi), hn::Mul(hn::Set(df, 1.f - s.beta1), grad));
+  vi = hn::Add(hn::Mul(hn::Set(df, s.beta2), vi), hn::Mul(hn::Mul(hn::Set(df, 1.f - s.beta2), grad), grad));
+  const VF m_hat = hn::Div(mi, hn::Set(df, s.bc1)), v_hat = hn::Div(vi, hn::Set(df, s.bc2));
+  pi = hn::Sub(pi, hn::Div(hn::Mul(hn::Set(df, s.lr), m_hat), hn::Add(hn::Sqrt(v_hat), hn::Set(df, s.eps))));
+}
+
 // One tile: the SIMD body, adamw_step for the remainder, then (without F16C) fp16 working copies element
 // by element (the tile is in cache) with the exact scalar rounding.
 template <class G, class W>
@@ -63,17 +75,10 @@ void tile(const AdamStep& s, float* HWY_RESTRICT p, float* HWY_RESTRICT m, float
           const G* HWY_RESTRICT g, W* HWY_RESTRICT w, int64_t n) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const VF decay = hn::Set(df, s.lr * s.weight_decay), b1 = hn::Set(df, s.beta1), b2 = hn::Set(df, s.beta2);
-  const VF c1 = hn::Set(df, 1.f - s.beta1), c2 = hn::Set(df, 1.f - s.beta2), lr = hn::Set(df, s.lr);
-  const VF bc1 = hn::Set(df, s.bc1), bc2 = hn::Set(df, s.bc2), eps = hn::Set(df, s.eps), scale = hn::Set(df, s.grad_scale);
   int64_t i = 0;
   for (; i + N <= n; i += N) {
-    const VF grad = hn::Mul(LoadF32(g + i), scale);
-    VF pi = hn::LoadU(df, p + i);
-    pi = hn::Sub(pi, hn::Mul(decay, pi));
-    const VF mi = hn::Add(hn::Mul(b1, hn::LoadU(df, m + i)), hn::Mul(c1, grad));
-    const VF vi = hn::Add(hn::Mul(b2, hn::LoadU(df, v + i)), hn::Mul(hn::Mul(c2, grad), grad));
-    pi = hn::Sub(pi, hn::Div(hn::Mul(lr, hn::Div(mi, bc1)), hn::Add(hn::Sqrt(hn::Div(vi, bc2)), eps)));
+    VF pi = hn::LoadU(df, p + i), mi = hn::LoadU(df, m + i), vi = hn::LoadU(df, v + i);
+    adam_vec(s, LoadF32(g + i), pi, mi, vi);
     hn::StoreU(mi, df, m + i);
     hn::StoreU(vi, df, v + i);
     hn::StoreU(pi, df, p + i);
@@ -125,16 +130,13 @@ void AdamTiles(const AdamStep& s, float* p, float* m, float* v, const void* g, E
 }
 
 // bf16-pure, one tile: the rounding bits of a block of elements first (a loop of independent 64-bit
-// hashes), then the update in vectors with the same operations as tile().
+// hashes), then the update in vectors.
 void bf16_sr_tile(const AdamStep& s, bf16_t* HWY_RESTRICT w, bf16_t* HWY_RESTRICT m, bf16_t* HWY_RESTRICT v,
                   const bf16_t* HWY_RESTRICT g, int64_t n, uint64_t seed, uint64_t counter) {
   constexpr int64_t kBlock = 512;
   const DF df;
   const hn::RebindToUnsigned<DF> du;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const VF decay = hn::Set(df, s.lr * s.weight_decay), b1 = hn::Set(df, s.beta1), b2 = hn::Set(df, s.beta2);
-  const VF c1 = hn::Set(df, 1.f - s.beta1), c2 = hn::Set(df, 1.f - s.beta2), lr = hn::Set(df, s.lr);
-  const VF bc1 = hn::Set(df, s.bc1), bc2 = hn::Set(df, s.bc2), eps = hn::Set(df, s.eps), scale = hn::Set(df, s.grad_scale);
   HWY_ALIGN uint32_t bits[kBlock];
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t len = std::min(kBlock, n - b);
@@ -142,12 +144,8 @@ void bf16_sr_tile(const AdamStep& s, bf16_t* HWY_RESTRICT w, bf16_t* HWY_RESTRIC
     int64_t j = 0;
     for (; j + N <= len; j += N) {
       const int64_t i = b + j;
-      const VF grad = hn::Mul(LoadF32(g + i), scale);
-      VF pi = LoadF32(w + i);
-      pi = hn::Sub(pi, hn::Mul(decay, pi));
-      const VF mi = hn::Add(hn::Mul(b1, LoadF32(m + i)), hn::Mul(c1, grad));
-      const VF vi = hn::Add(hn::Mul(b2, LoadF32(v + i)), hn::Mul(hn::Mul(c2, grad), grad));
-      pi = hn::Sub(pi, hn::Div(hn::Mul(lr, hn::Div(mi, bc1)), hn::Add(hn::Sqrt(hn::Div(vi, bc2)), eps)));
+      VF pi = LoadF32(w + i), mi = LoadF32(m + i), vi = LoadF32(v + i);
+      adam_vec(s, LoadF32(g + i), pi, mi, vi);
       StoreBF16(mi, m + i);
       StoreBF16(vi, v + i);
       StoreBF16Stochastic(pi, hn::Load(du, bits + j), w + i);

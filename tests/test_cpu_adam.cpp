@@ -146,7 +146,9 @@ void expect_bf16_sr_targets_match_scalar(const AdamStep& st, const std::vector<b
   for (int64_t i = 0; i < n; ++i) v0[i] = from_f32<bf16_t>(static_cast<float>(std::fabs(datasets::normal(4, i))) * 1e-4f);
   auto w_ref = w0, m_ref = m0, v_ref = v0;
   model::cpu_adamw_bf16_sr_scalar(st, w_ref.data(), m_ref.data(), v_ref.data(), grad.data(), n, seed, counter);
-  if (n >= 64) ASSERT_FALSE(same_bits(w_ref, w0)) << "n=" << n << ": the step left every weight unchanged";
+  if (n >= 64) {
+    ASSERT_FALSE(same_bits(w_ref, w0)) << "n=" << n << ": the step left every weight unchanged";
+  }
   for (int64_t target : simd::available_targets()) {
     simd::restrict_to(target);
     for (int threads : {1, 2}) {
