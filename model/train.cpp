@@ -10,7 +10,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include "datasets/random.hpp"
 #include "impls/attention/attention.hpp"
 #include "common/blas.hpp"
 #include "common/simd/convert.hpp"

@@ -149,6 +149,7 @@ void expect_bf16_sr_targets_match_scalar(const AdamStep& st, const std::vector<b
   if (n >= 64) {
     ASSERT_FALSE(same_bits(w_ref, w0)) << "n=" << n << ": the step left every weight unchanged";
   }
+  const int threads_before = omp_get_max_threads();
   for (int64_t target : simd::available_targets()) {
     simd::restrict_to(target);
     for (int threads : {1, 2}) {
@@ -161,7 +162,7 @@ void expect_bf16_sr_targets_match_scalar(const AdamStep& st, const std::vector<b
       EXPECT_TRUE(same_bits(v, v_ref)) << what << " v";
     }
   }
-  omp_set_num_threads(omp_get_num_procs());
+  omp_set_num_threads(threads_before);
   simd::restrict_to(0);
 }
 
