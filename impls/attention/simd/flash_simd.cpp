@@ -171,19 +171,24 @@ HWY_INLINE void LoadRows(const T* src, int rows, int64_t d, float mult, float* d
   for (; i + N <= n; i += N) hn::StoreU(hn::Mul(memtrade::simd::HWY_NAMESPACE::LoadF32(src + i), hn::Set(df, mult)), df, dst + i);
   for (; i < n; ++i) dst[i] = to_f32(src[i]) * mult;
 }
-// A tile of `rows` rows of length d into [d x 64] (transposed), times mult, zero past `rows`. 16-bit rows
-// are widened in vectors into `buf` (rows x d floats) first.
+// fp32 rows are read in place; 16-bit ones widened into `buf` (rows x d floats).
 template <class T>
-HWY_INLINE void LoadTransposed(const T* src, int rows, int64_t d, float mult, float* dst, float* buf) {
-  const float* x;
+HWY_INLINE const float* RowsF32(const T* src, int rows, int64_t d, float* buf) {
   if constexpr (std::is_same_v<T, float>) {
-    x = src;
+    return src;
   } else {
     LoadRows(src, rows, d, 1.f, buf);
-    x = buf;
+    return buf;
   }
+}
+// A tile of `rows` rows of length d into [d x 64] (transposed), times mult, zero past `rows`. Returns the
+// rows as fp32 (RowsF32: 16-bit rows widened into `buf` first).
+template <class T>
+HWY_INLINE const float* LoadTransposed(const T* src, int rows, int64_t d, float mult, float* dst, float* buf) {
+  const float* x = RowsF32(src, rows, d, buf);
   for (int64_t p = 0; p < d; ++p)
     for (int j = 0; j < BC; ++j) dst[p * BC + j] = j < rows ? x[j * d + p] * mult : 0.f;
+  return x;
 }
 // dst[i] = src[i] * mult rounded to T, in vectors (the scalar conversion's bits on every target).
 template <class T>
@@ -232,8 +237,8 @@ class Kernel {
       std::fill_n(w.l, BR, 0.f);
       for (int64_t j0 = 0; j0 < key_end(i0 + rows); j0 += BC) {
         const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
-        const float* kt = rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k);
-        const float* vt = rows_f32(in(b_.v) + (bkv * nk + j0) * d, cols, w.v);
+        const float* kt = RowsF32(in(b_.k) + (bkv * nk + j0) * d, cols, d, w.k);
+        const float* vt = RowsF32(in(b_.v) + (bkv * nk + j0) * d, cols, d, w.v);
         Gemm(cols, BR, static_cast<int>(d), kt, d, 1, qT, BR, w.s, BR, Init::zero);  // S^T = K (scale Q)^T
         MaskTransposed(w.s, i0, j0, cols);
         float* c = w.lse;  // the rescale factors of this tile
@@ -253,17 +258,8 @@ class Kernel {
     const T *og = in(b_.o), *dog = in(b_.dout);
 #pragma omp parallel for schedule(static) num_threads(threads_)
     for (int64_t r = 0; r < s_.rows(); ++r) {  // delta_i = dO_i . O_i, summed in order (16-bit rows widened first)
-      const float *a, *o;
-      if constexpr (std::is_same_v<T, float>) {
-        a = dog + r * d;
-        o = og + r * d;
-      } else {
-        Slot w = slot();
-        LoadRows(dog + r * d, 1, d, 1.f, w.dout);
-        LoadRows(og + r * d, 1, d, 1.f, w.q);
-        a = w.dout;
-        o = w.q;
-      }
+      Slot w = slot();
+      const float *a = RowsF32(dog + r * d, 1, d, w.dout), *o = RowsF32(og + r * d, 1, d, w.q);
       float acc = 0.f;
       for (int64_t x = 0; x < d; ++x) acc += a[x] * o[x];
       delta[r] = acc;
@@ -306,8 +302,8 @@ class Kernel {
       std::fill_n(w.acc, rows * d, 0.f);
       for (int64_t j0 = 0; j0 < key_end(i0 + rows); j0 += BC) {
         const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
-        const float* kt = rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k);
-        const float* vt = rows_f32(in(b_.v) + (bkv * nk + j0) * d, cols, w.v);
+        const float* kt = RowsF32(in(b_.k) + (bkv * nk + j0) * d, cols, d, w.k);
+        const float* vt = RowsF32(in(b_.v) + (bkv * nk + j0) * d, cols, d, w.v);
         Gemm(cols, BR, di, kt, d, 1, qT, BR, w.s, BR, Init::zero);    // S^T = K (scale Q)^T
         Gemm(cols, BR, di, vt, d, 1, doT, BR, w.dp, BR, Init::zero);  // dP^T = V dO^T
         MaskTransposed(w.s, i0, j0, cols);
@@ -336,9 +332,9 @@ class Kernel {
     const int64_t n = s_.n, nk = s_.n_kv, d = s_.d, b = bkv / s_.h_kv;
     const int di = static_cast<int>(d);
     const int cols = static_cast<int>(std::min<int64_t>(BC, nk - j0));
-    LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT, w.k);  // 16-bit: leaves K's rows in w.k
+    const float* k_rows = LoadTransposed(in(b_.k) + (bkv * nk + j0) * d, cols, d, 1.f, w.kT, w.k);
     LoadTransposed(in(b_.v) + (bkv * nk + j0) * d, cols, d, 1.f, w.vT, w.v);
-    const float* kt = !dq ? nullptr : std::is_same_v<T, float> ? rows_f32(in(b_.k) + (bkv * nk + j0) * d, cols, w.k) : w.k;
+    const float* kt = dq ? k_rows : nullptr;
     std::fill_n(w.dk, cols * d, 0.f);
     std::fill_n(w.dv, cols * d, 0.f);
     for (int64_t g = 0; g < s_.group(); ++g) {
@@ -382,16 +378,6 @@ class Kernel {
       for (int i = 0; i < BR; ++i)
         if (!causal_allows(i0 + i, j0 + j, s_.n, s_.n_kv)) sT[j * BR + i] = -INFINITY;
   }
-  // fp32 rows are read in place; 16-bit ones converted into `buf`.
-  const float* rows_f32(const T* src, int rows, float* buf) const {
-    if constexpr (std::is_same_v<T, float>) {
-      return src;
-    } else {
-      LoadRows(src, rows, s_.d, 1.f, buf);
-      return buf;
-    }
-  }
-
   const Dims s_;
   const float scale_;
   const FlashCpuBuffers b_;
