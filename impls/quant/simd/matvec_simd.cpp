@@ -387,6 +387,60 @@ void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) 
       [&](int64_t r, int64_t k) { return to_float(W[r * K + k]); });
 }
 
+// Dense small batch: R rows of W (from r) against MB rows of X (from m), Y[m][r] = sum_k W[r][k] X[m][k]
+// (+ Y where accumulate). Each W vector loaded once feeds MB multiply-adds and each X vector R of them:
+// R x MB accumulators, R + 1 more registers (2 x 4 + 3 of AVX2's 16).
+template <int R, int MB>
+HWY_INLINE void dense_block(const float* W, const float* X, float* Y, int64_t r, int64_t m, int64_t N, int64_t K,
+                            bool accumulate, bool prefetch) {
+  const DF df;
+  const int64_t V = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[R][MB];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + V <= K; k += V) {
+    VF w[R];
+    for (int i = 0; i < R; ++i) {
+      if (prefetch && (k & 15) == 0) hwy::Prefetch(W + (r + i) * K + k + kPrefetchBytes / 4);
+      w[i] = hn::LoadU(df, W + (r + i) * K + k);
+    }
+    for (int j = 0; j < MB; ++j) {
+      const VF x = hn::LoadU(df, X + (m + j) * K + k);
+      for (int i = 0; i < R; ++i) acc[i][j] = hn::MulAdd(w[i], x, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MB; ++j) {
+      float s = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
+      for (int64_t e = k; e < K; ++e) s += W[(r + i) * K + e] * X[(m + j) * K + e];
+      float& y = Y[(m + j) * N + r + i];
+      y = accumulate ? y + s : s;
+    }
+}
+
+template <int R>
+HWY_INLINE void dense_rows_small(const float* W, const float* X, float* Y, int64_t r, int64_t M, int64_t N, int64_t K,
+                                 bool accumulate) {
+  int64_t m = 0;
+  // The first group streams the rows from memory (prefetched); later groups find them in L1 / L2.
+  for (; m + 4 <= M; m += 4) dense_block<R, 4>(W, X, Y, r, m, N, K, accumulate, m == 0);
+  switch (M - m) {
+    case 3: dense_block<R, 3>(W, X, Y, r, m, N, K, accumulate, m == 0); break;
+    case 2: dense_block<R, 2>(W, X, Y, r, m, N, K, accumulate, m == 0); break;
+    case 1: dense_block<R, 1>(W, X, Y, r, m, N, K, accumulate, m == 0); break;
+    default: break;
+  }
+}
+
+void DenseSmallF32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t r = 0; r < N - 1; r += 2) dense_rows_small<2>(W, X, Y, r, M, N, K, accumulate);
+  if (N % 2) dense_rows_small<1>(W, X, Y, N - 1, M, N, K, accumulate);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace memtrade::quant::simd
 HWY_AFTER_NAMESPACE();
@@ -400,6 +454,7 @@ HWY_EXPORT(MatmulSmall);
 HWY_EXPORT(MatmulSmallScratch);
 HWY_EXPORT(DenseF32);
 HWY_EXPORT(DenseBF16);
+HWY_EXPORT(DenseSmallF32);
 
 void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
   HWY_DYNAMIC_DISPATCH(MatvecRows)(L, blob, x, y);
@@ -416,6 +471,9 @@ void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64
 }
 void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) {
   HWY_DYNAMIC_DISPATCH(DenseBF16)(W, x, y, N, K);
+}
+void matmul_dense_f32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(DenseSmallF32)(W, X, M, Y, N, K, accumulate);
 }
 
 }  // namespace memtrade::quant::simd
