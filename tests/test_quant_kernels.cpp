@@ -246,36 +246,47 @@ TEST(QuantKernels, DenseBaselines) {
   });
 }
 
-// The dense small-batch product against float64 on every target: pairs of W rows with an odd last row, X
-// rows in groups of four with every remainder, K with vector tails; accumulate adds the product to Y (one
-// more rounding, taken as one more term).
+// The dense small-batch products (fp32 and bf16 W) against float64 on every target: pairs of W rows with an
+// odd last row, X rows in groups of four with every remainder, K with vector tails; accumulate adds the
+// product to Y (one more rounding, taken as one more term). bf16 W is widened exactly, so the float64 sum
+// is over the bf16 values.
 TEST(QuantKernels, DenseSmallBatchMatchesFloat64) {
   for_each_simd_target([](int64_t) {
     for (const Shape sh : shapes) {
       const std::vector<float> W = normal_vec(sh.N * sh.K, 57);
+      std::vector<bf16_t> Wb(W.size());
+      std::vector<float> Wbf(W.size());  // the bf16 weights' values
+      for (std::size_t i = 0; i < W.size(); ++i) Wbf[i] = to_float(Wb[i] = to_bf16(W[i]));
       for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{7}, kMatmulSmallBatch}) {
         const std::vector<float> X = normal_vec(M * sh.K, 58), Y0 = normal_vec(M * sh.N, 59);
-        const std::vector<double> S = abs_sums(W, X.data(), M, sh.N, sh.K);
-        for (const bool accumulate : {false, true}) {
-          std::vector<float> Y = Y0;
-          matmul_dense_f32(W.data(), X.data(), M, Y.data(), sh.N, sh.K, accumulate);
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t r = 0; r < sh.N; ++r) {
-              double d = accumulate ? Y0[m * sh.N + r] : 0.0;
-              for (int64_t k = 0; k < sh.K; ++k) d += static_cast<double>(W[r * sh.K + k]) * X[m * sh.K + k];
-              const double lim = accumulate ? bound(sh.K + 1, S[m * sh.N + r] + std::fabs(Y0[m * sh.N + r]))
-                                            : bound(sh.K, S[m * sh.N + r]);
-              ASSERT_LE(std::fabs(Y[m * sh.N + r] - d), lim)
-                  << sh.N << "x" << sh.K << " M=" << M << " accumulate=" << accumulate << " at " << m << "," << r;
-            }
+        for (const bool bf16 : {false, true}) {
+          const std::vector<float>& Wv = bf16 ? Wbf : W;
+          const std::vector<double> S = abs_sums(Wv, X.data(), M, sh.N, sh.K);
+          for (const bool accumulate : {false, true}) {
+            std::vector<float> Y = Y0;
+            if (bf16) matmul_dense_bf16(Wb.data(), X.data(), M, Y.data(), sh.N, sh.K, accumulate);
+            else matmul_dense_f32(W.data(), X.data(), M, Y.data(), sh.N, sh.K, accumulate);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t r = 0; r < sh.N; ++r) {
+                double d = accumulate ? Y0[m * sh.N + r] : 0.0;
+                for (int64_t k = 0; k < sh.K; ++k) d += static_cast<double>(Wv[r * sh.K + k]) * X[m * sh.K + k];
+                const double lim = accumulate ? bound(sh.K + 1, S[m * sh.N + r] + std::fabs(Y0[m * sh.N + r]))
+                                              : bound(sh.K, S[m * sh.N + r]);
+                ASSERT_LE(std::fabs(Y[m * sh.N + r] - d), lim) << sh.N << "x" << sh.K << " M=" << M << " bf16=" << bf16
+                                                               << " accumulate=" << accumulate << " at " << m << "," << r;
+              }
+          }
         }
       }
     }
   });
   float w[2] = {1, 2}, y[2];
+  const bf16_t wb[2] = {to_bf16(1.f), to_bf16(2.f)};
   EXPECT_THROW(matmul_dense_f32(w, w, 0, y, 1, 2), Error);
   EXPECT_THROW(matmul_dense_f32(w, w, kMatmulSmallBatch + 1, y, 1, 2), Error);
   EXPECT_THROW(matmul_dense_f32(w, nullptr, 1, y, 1, 2), Error);
+  EXPECT_THROW(matmul_dense_bf16(wb, w, 1, y, 0, 2), Error);
+  EXPECT_THROW(matmul_dense_bf16(nullptr, w, 1, y, 1, 2), Error);
 }
 
 TEST(QuantKernels, BadArguments) {

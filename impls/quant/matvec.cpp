@@ -453,12 +453,23 @@ void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int
   quant::simd::matvec_dense_bf16(W, x, y, N, K);
 }
 
-void matmul_dense_f32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+namespace {
+void check_dense_small(const char* what, const void* W, const float* X, int64_t M, const float* Y, int64_t N, int64_t K) {
   if (N <= 0 || K <= 0 || M <= 0 || M > kMatmulSmallBatch)
-    throw Error("matmul_dense_f32: sizes must be > 0, with at most " + std::to_string(kMatmulSmallBatch) +
-                " rows of X (got M = " + std::to_string(M) + ")");
-  if (!W || !X || !Y) throw Error("matmul_dense_f32: null W, X or Y");
+    throw Error(std::string(what) + ": sizes must be > 0, with at most " + std::to_string(kMatmulSmallBatch) +
+                " rows of X (got M = " + std::to_string(M) + ", N = " + std::to_string(N) + ", K = " + std::to_string(K) + ")");
+  if (!W || !X || !Y) throw Error(std::string(what) + ": null W, X or Y");
+}
+}  // namespace
+
+void matmul_dense_f32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  check_dense_small("matmul_dense_f32", W, X, M, Y, N, K);
   quant::simd::matmul_dense_f32(W, X, M, Y, N, K, accumulate);
+}
+
+void matmul_dense_bf16(const bf16_t* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  check_dense_small("matmul_dense_bf16", W, X, M, Y, N, K);
+  quant::simd::matmul_dense_bf16(W, X, M, Y, N, K, accumulate);
 }
 
 }  // namespace memtrade::quant

@@ -52,10 +52,11 @@ void matmul_cpu(const QLayout& L, const uint8_t* blob, const float* X, int64_t M
 // Dense baselines y[N] = W[N x K] x[K], fp32 accumulation, OpenMP over rows.
 void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K);
 void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K);
-// Dense small batch Y[M x N] = X[M x K] W^T (accumulate: Y +=), fp32 accumulation, for M up to
+// Dense small batch Y[M x N] = X[M x K] W^T (accumulate: Y +=), fp32 accumulation (bf16 W widened exactly), for M up to
 // kMatmulSmallBatch (decode batches): W read from memory once, where a BLAS sgemm packs all of W for every
 // call (SmolLM2's decode at batch 4 spent 43% of its samples in OpenBLAS's packing). Host.
 void matmul_dense_f32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate = false);
+void matmul_dense_bf16(const bf16_t* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate = false);
 
 // CUDA matvec (matvec.cu, kernels in matvec_kernels.cuh): d_blob, d_x, d_y in device memory; asynchronous
 // on `stream`. Rows in 16-byte-aligned chunks: 8 rows per block of 256 threads, each thread loading a chunk

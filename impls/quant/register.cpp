@@ -2,7 +2,9 @@
 // activation vector (matvec, decode) or matrix (matmul, prefill) without materializing the fp32 matrix.
 //
 // Case parameters: n (output rows), k (input columns), m (activation rows; 1 = matvec), format (a
-// formats.hpp spec name such as "int4-g128", or "fp32" / "bf16" for the dense baselines), quantizer
+// formats.hpp spec name such as "int4-g128", or "fp32" / "bf16" for the dense baselines: matvec, or up to
+// m = kMatmulSmallBatch through the dense small-batch kernel, so that a quantized small batch has its
+// dense counterpart), quantizer
 // ("rtn", "gptq", "awq"). Weights and calibration activations are synthetic (calibration.hpp: Gaussian
 // weights, activations with 1% outlier channels 25-100x larger; the calibration rows and the measured
 // rows share their outlier channels). The trained model's figures are the quant_model technique's
@@ -60,7 +62,9 @@ QuantCase read_case(const Case& c) {
   q.quantizer = c.text("quantizer", "rtn");
   MT_CHECK(q.quantizer == "rtn" || q.quantizer == "gptq" || q.quantizer == "awq",
            "case " + c.id + ": quantizer must be rtn, gptq or awq, got '" + q.quantizer + "'");
-  MT_CHECK(!q.dense || q.m == 1, "case " + c.id + ": the dense baselines are matvec only (m = 1)");
+  MT_CHECK(!q.dense || q.m <= kMatmulSmallBatch,
+           "case " + c.id + ": the dense baselines run up to m = " + std::to_string(kMatmulSmallBatch) +
+               " (a matvec, or the small-batch kernel), got m = " + std::to_string(q.m));
   if (!q.dense) layout(q.spec, q.n, q.k);  // validates the group against the shape
   return q;
 }
@@ -168,10 +172,13 @@ class QuantWorkload final : public Workload {
     float* y = y_.as<float>();
     if (q.dense) {
       const bool cuda = dev_.backend() == Backend::cuda;
-      if (q.dense_dtype == DType::f32)
-        cuda ? matvec_dense_cuda(w_.as<float>(), x, y, q.n, q.k, dev_) : matvec_dense_f32(w_.as<float>(), x, y, q.n, q.k);
+      const bool f32 = q.dense_dtype == DType::f32;
+      if (cuda)
+        f32 ? matvec_dense_cuda(w_.as<float>(), x, y, q.n, q.k, dev_) : matvec_dense_cuda(w_.as<bf16_t>(), x, y, q.n, q.k, dev_);
+      else if (q.m == 1)
+        f32 ? matvec_dense_f32(w_.as<float>(), x, y, q.n, q.k) : matvec_dense_bf16(w_.as<bf16_t>(), x, y, q.n, q.k);
       else
-        cuda ? matvec_dense_cuda(w_.as<bf16_t>(), x, y, q.n, q.k, dev_) : matvec_dense_bf16(w_.as<bf16_t>(), x, y, q.n, q.k);
+        f32 ? matmul_dense_f32(w_.as<float>(), x, q.m, y, q.n, q.k) : matmul_dense_bf16(w_.as<bf16_t>(), x, q.m, y, q.n, q.k);
       return;
     }
     const uint8_t* blob = w_.as<uint8_t>();

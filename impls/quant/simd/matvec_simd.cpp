@@ -387,14 +387,23 @@ void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) 
       [&](int64_t r, int64_t k) { return to_float(W[r * K + k]); });
 }
 
-// Dense small batch: R rows of W (from r) against MB rows of X (from m), Y[m][r] = sum_k W[r][k] X[m][k]
-// (+ Y where accumulate). Each W vector loaded once feeds MB multiply-adds and each X vector R of them:
-// R x MB accumulators, R + 1 more registers (2 x 4 + 3 of AVX2's 16).
-template <int R, int MB>
-HWY_INLINE void dense_block(const float* W, const float* X, float* Y, int64_t r, int64_t m, int64_t N, int64_t K,
+// Dense small batch: R rows of W (fp32 or bf16, from r) against MB rows of X (from m), Y[m][r] =
+// sum_k W[r][k] X[m][k] (+ Y where accumulate). Each W vector loaded (and widened) once feeds MB
+// multiply-adds and each X vector R of them: R x MB accumulators and R + 1 more registers (kDenseRows below).
+HWY_INLINE VF LoadRow(const float* w) { return hn::LoadU(DF(), w); }
+HWY_INLINE VF LoadRow(const bf16_t* w) {  // exact: the 16 bits moved to the top of the word
+  const auto h = hn::LoadU(hn::Rebind<uint16_t, DF>(), reinterpret_cast<const uint16_t*>(w));
+  return hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
+}
+HWY_INLINE float ElemF32(float w) { return w; }
+HWY_INLINE float ElemF32(bf16_t w) { return to_float(w); }
+
+template <int R, int MB, class TW>
+HWY_INLINE void dense_block(const TW* W, const float* X, float* Y, int64_t r, int64_t m, int64_t N, int64_t K,
                             bool accumulate, bool prefetch) {
   const DF df;
   const int64_t V = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kLine = 64 / sizeof(TW);  // elements per cache line
   VF acc[R][MB];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = hn::Zero(df);
@@ -402,8 +411,8 @@ HWY_INLINE void dense_block(const float* W, const float* X, float* Y, int64_t r,
   for (; k + V <= K; k += V) {
     VF w[R];
     for (int i = 0; i < R; ++i) {
-      if (prefetch && (k & 15) == 0) hwy::Prefetch(W + (r + i) * K + k + kPrefetchBytes / 4);
-      w[i] = hn::LoadU(df, W + (r + i) * K + k);
+      if (prefetch && k % kLine < V) hwy::Prefetch(W + (r + i) * K + k + kPrefetchBytes / sizeof(TW));
+      w[i] = LoadRow(W + (r + i) * K + k);
     }
     for (int j = 0; j < MB; ++j) {
       const VF x = hn::LoadU(df, X + (m + j) * K + k);
@@ -413,14 +422,14 @@ HWY_INLINE void dense_block(const float* W, const float* X, float* Y, int64_t r,
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < MB; ++j) {
       float s = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
-      for (int64_t e = k; e < K; ++e) s += W[(r + i) * K + e] * X[(m + j) * K + e];
+      for (int64_t e = k; e < K; ++e) s += ElemF32(W[(r + i) * K + e]) * X[(m + j) * K + e];
       float& y = Y[(m + j) * N + r + i];
       y = accumulate ? y + s : s;
     }
 }
 
-template <int R>
-HWY_INLINE void dense_rows_small(const float* W, const float* X, float* Y, int64_t r, int64_t M, int64_t N, int64_t K,
+template <int R, class TW>
+HWY_INLINE void dense_rows_small(const TW* W, const float* X, float* Y, int64_t r, int64_t M, int64_t N, int64_t K,
                                  bool accumulate) {
   int64_t m = 0;
   // The first group streams the rows from memory (prefetched); later groups find them in L1 / L2.
@@ -433,12 +442,29 @@ HWY_INLINE void dense_rows_small(const float* W, const float* X, float* Y, int64
   }
 }
 
-void DenseSmallF32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+// W rows per register block: 4 x 4 accumulators + 4 W + 1 X of AVX-512's 32 registers, 2 x 4 + 2 + 1 of the
+// 16 of AVX2 and SSE4.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kDenseRows = 4;
+#else
+constexpr int kDenseRows = 2;
+#endif
+
+template <class TW>
+void dense_small(const TW* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  constexpr int R = kDenseRows;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
-  for (int64_t r = 0; r < N - 1; r += 2) dense_rows_small<2>(W, X, Y, r, M, N, K, accumulate);
-  if (N % 2) dense_rows_small<1>(W, X, Y, N - 1, M, N, K, accumulate);
+  for (int64_t r = 0; r < N / R * R; r += R) dense_rows_small<R>(W, X, Y, r, M, N, K, accumulate);
+  for (int64_t r = N / R * R; r < N; ++r) dense_rows_small<1>(W, X, Y, r, M, N, K, accumulate);
+}
+
+void DenseSmallF32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  dense_small(W, X, M, Y, N, K, accumulate);
+}
+void DenseSmallBF16(const bf16_t* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  dense_small(W, X, M, Y, N, K, accumulate);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -455,6 +481,7 @@ HWY_EXPORT(MatmulSmallScratch);
 HWY_EXPORT(DenseF32);
 HWY_EXPORT(DenseBF16);
 HWY_EXPORT(DenseSmallF32);
+HWY_EXPORT(DenseSmallBF16);
 
 void matvec(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
   HWY_DYNAMIC_DISPATCH(MatvecRows)(L, blob, x, y);
@@ -474,6 +501,9 @@ void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int
 }
 void matmul_dense_f32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(DenseSmallF32)(W, X, M, Y, N, K, accumulate);
+}
+void matmul_dense_bf16(const bf16_t* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(DenseSmallBF16)(W, X, M, Y, N, K, accumulate);
 }
 
 }  // namespace memtrade::quant::simd

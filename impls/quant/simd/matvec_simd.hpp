@@ -36,8 +36,9 @@ inline constexpr int64_t kSmallTile = 512;
 inline constexpr int64_t small_scratch_bound_floats(int64_t M) { return kSmallRows * (kSmallTile + 16 * M) + 16; }
 void matvec_dense_f32(const float* W, const float* x, float* y, int64_t N, int64_t K);
 void matvec_dense_bf16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K);
-// Y [M x N] (+)= X [M x K] W^T for small M, W dense fp32 [N x K]: two rows of W against four rows of X at a
-// time in registers, fp32 accumulation, OpenMP over pairs of rows.
+// Y [M x N] (+)= X [M x K] W^T for small M, W dense fp32 or bf16 [N x K]: four rows of W (two below AVX-512)
+// against four rows of X at a time in registers, fp32 accumulation, OpenMP over blocks of rows.
 void matmul_dense_f32(const float* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate);
+void matmul_dense_bf16(const bf16_t* W, const float* X, int64_t M, float* Y, int64_t N, int64_t K, bool accumulate);
 
 }  // namespace memtrade::quant::simd
