@@ -341,6 +341,15 @@ void MatmulSmall(const QLayout& L, const uint8_t* blob, const float* X, int64_t 
 
 int64_t MatmulSmallScratch(int64_t M) { return static_cast<int64_t>(SmallScratchFloats(M)); }
 
+// A dense weight row's elements as fp32, a vector (bf16 widened exactly) or one at a time.
+HWY_INLINE VF LoadRow(const float* w) { return hn::LoadU(DF(), w); }
+HWY_INLINE VF LoadRow(const bf16_t* w) {  // exact: the 16 bits moved to the top of the word
+  const auto h = hn::LoadU(hn::Rebind<uint16_t, DF>(), reinterpret_cast<const uint16_t*>(w));
+  return hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
+}
+HWY_INLINE float ElemF32(float w) { return w; }
+HWY_INLINE float ElemF32(bf16_t w) { return to_float(w); }
+
 // Dense rows: W row as fp32 (LoadW) times x, four accumulators.
 template <class LoadW, class Scalar>
 void dense_rows(const void* W, int64_t elem_bytes, const float* x, float* y, int64_t N, int64_t K, LoadW load_w,
@@ -368,36 +377,17 @@ void dense_rows(const void* W, int64_t elem_bytes, const float* x, float* y, int
   }
 }
 
-void DenseF32(const float* W, const float* x, float* y, int64_t N, int64_t K) {
-  const DF df;
-  dense_rows(W, 4, x, y, N, K, [&](int64_t r, int64_t k) { return hn::LoadU(df, W + r * K + k); },
-             [&](int64_t r, int64_t k) { return W[r * K + k]; });
+template <class TW>
+void dense_matvec(const TW* W, const float* x, float* y, int64_t N, int64_t K) {
+  dense_rows(W, sizeof(TW), x, y, N, K, [&](int64_t r, int64_t k) { return LoadRow(W + r * K + k); },
+             [&](int64_t r, int64_t k) { return ElemF32(W[r * K + k]); });
 }
-
-void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) {
-  const DF df;
-  const hn::Rebind<uint16_t, DF> du16;
-  // bf16 -> fp32 is exact: the 16 bits moved to the top of the word
-  dense_rows(
-      W, 2, x, y, N, K,
-      [&](int64_t r, int64_t k) {
-        const auto h = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(W + r * K + k));
-        return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
-      },
-      [&](int64_t r, int64_t k) { return to_float(W[r * K + k]); });
-}
+void DenseF32(const float* W, const float* x, float* y, int64_t N, int64_t K) { dense_matvec(W, x, y, N, K); }
+void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) { dense_matvec(W, x, y, N, K); }
 
 // Dense small batch: R rows of W (fp32 or bf16, from r) against MB rows of X (from m), Y[m][r] =
 // sum_k W[r][k] X[m][k] (+ Y where accumulate). Each W vector loaded (and widened) once feeds MB
 // multiply-adds and each X vector R of them: R x MB accumulators and R + 1 more registers (kDenseRows below).
-HWY_INLINE VF LoadRow(const float* w) { return hn::LoadU(DF(), w); }
-HWY_INLINE VF LoadRow(const bf16_t* w) {  // exact: the 16 bits moved to the top of the word
-  const auto h = hn::LoadU(hn::Rebind<uint16_t, DF>(), reinterpret_cast<const uint16_t*>(w));
-  return hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
-}
-HWY_INLINE float ElemF32(float w) { return w; }
-HWY_INLINE float ElemF32(bf16_t w) { return to_float(w); }
-
 template <int R, int MB, class TW>
 HWY_INLINE void dense_block(const TW* W, const float* X, float* Y, int64_t r, int64_t m, int64_t N, int64_t K,
                             bool accumulate, bool prefetch) {
