@@ -350,40 +350,36 @@ HWY_INLINE VF LoadRow(const bf16_t* w) {  // exact: the 16 bits moved to the top
 HWY_INLINE float ElemF32(float w) { return w; }
 HWY_INLINE float ElemF32(bf16_t w) { return to_float(w); }
 
-// Dense rows: W row as fp32 (LoadW) times x, four accumulators.
-template <class LoadW, class Scalar>
-void dense_rows(const void* W, int64_t elem_bytes, const float* x, float* y, int64_t N, int64_t K, LoadW load_w,
-                Scalar scalar) {
+// Dense rows: W row as fp32 (LoadRow) times x, four accumulators.
+template <class TW>
+void dense_rows(const TW* W, const float* x, float* y, int64_t N, int64_t K) {
   const DF df;
   const int64_t V = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kBytes = sizeof(TW);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
   for (int64_t r = 0; r < N; ++r) {
     VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     int64_t k = 0;
-    const uint8_t* row = static_cast<const uint8_t*>(W) + r * K * elem_bytes;
+    const TW* row = W + r * K;
     for (; k + 4 * V <= K; k += 4 * V) {
-      for (int64_t b = 0; b < 4 * V * elem_bytes; b += 64) hwy::Prefetch(row + k * elem_bytes + b + kPrefetchBytes);
-      a0 = hn::MulAdd(load_w(r, k), hn::LoadU(df, x + k), a0);
-      a1 = hn::MulAdd(load_w(r, k + V), hn::LoadU(df, x + k + V), a1);
-      a2 = hn::MulAdd(load_w(r, k + 2 * V), hn::LoadU(df, x + k + 2 * V), a2);
-      a3 = hn::MulAdd(load_w(r, k + 3 * V), hn::LoadU(df, x + k + 3 * V), a3);
+      for (int64_t b = 0; b < 4 * V * kBytes; b += 64)
+        hwy::Prefetch(reinterpret_cast<const uint8_t*>(row + k) + b + kPrefetchBytes);
+      a0 = hn::MulAdd(LoadRow(row + k), hn::LoadU(df, x + k), a0);
+      a1 = hn::MulAdd(LoadRow(row + k + V), hn::LoadU(df, x + k + V), a1);
+      a2 = hn::MulAdd(LoadRow(row + k + 2 * V), hn::LoadU(df, x + k + 2 * V), a2);
+      a3 = hn::MulAdd(LoadRow(row + k + 3 * V), hn::LoadU(df, x + k + 3 * V), a3);
     }
-    for (; k + V <= K; k += V) a0 = hn::MulAdd(load_w(r, k), hn::LoadU(df, x + k), a0);
+    for (; k + V <= K; k += V) a0 = hn::MulAdd(LoadRow(row + k), hn::LoadU(df, x + k), a0);
     float acc = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
-    for (; k < K; ++k) acc += scalar(r, k) * x[k];
+    for (; k < K; ++k) acc += ElemF32(row[k]) * x[k];
     y[r] = acc;
   }
 }
 
-template <class TW>
-void dense_matvec(const TW* W, const float* x, float* y, int64_t N, int64_t K) {
-  dense_rows(W, sizeof(TW), x, y, N, K, [&](int64_t r, int64_t k) { return LoadRow(W + r * K + k); },
-             [&](int64_t r, int64_t k) { return ElemF32(W[r * K + k]); });
-}
-void DenseF32(const float* W, const float* x, float* y, int64_t N, int64_t K) { dense_matvec(W, x, y, N, K); }
-void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) { dense_matvec(W, x, y, N, K); }
+void DenseF32(const float* W, const float* x, float* y, int64_t N, int64_t K) { dense_rows(W, x, y, N, K); }
+void DenseBF16(const bf16_t* W, const float* x, float* y, int64_t N, int64_t K) { dense_rows(W, x, y, N, K); }
 
 // Dense small batch: R rows of W (fp32 or bf16, from r) against MB rows of X (from m), Y[m][r] =
 // sum_k W[r][k] X[m][k] (+ Y where accumulate). Each W vector loaded (and widened) once feeds MB
