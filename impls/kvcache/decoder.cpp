@@ -40,13 +40,12 @@ Decoder::Linear Decoder::linear(const float* source, int64_t out, int64_t in, co
 }
 
 void Decoder::apply(const Linear& w, const float* X, int64_t B, int64_t out, int64_t in, float* Y, bool accumulate) {
-  if (w.dense && B <= quant::kMatmulSmallBatch) {  // decode steps: W streamed once, not packed by sgemm
-    quant::matmul_dense_f32(reinterpret_cast<const float*>(w.at), X, B, Y, out, in, accumulate);
-    return;
-  }
   if (w.dense) {
-    blas::sgemm(false, true, B, out, in, 1.f, X, in, reinterpret_cast<const float*>(w.at), in, accumulate ? 1.f : 0.f,
-                Y, out);
+    const auto* W = reinterpret_cast<const float*>(w.at);
+    if (B <= quant::kMatmulSmallBatch)  // decode steps: W streamed once, not packed by sgemm
+      quant::matmul_dense_f32(W, X, B, Y, out, in, accumulate);
+    else
+      blas::sgemm(false, true, B, out, in, 1.f, X, in, W, in, accumulate ? 1.f : 0.f, Y, out);
     return;
   }
   Buffer tmp;
