@@ -30,23 +30,7 @@ class CpuDevice final : public Device {
   std::string name() const override { return "cpu"; }
   void copy(void* dst, const void* src, std::size_t bytes, CopyKind) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
-  // Reads (not writes) the flush buffer: the cache is left holding clean lines, so the timed call's loads
-  // evict without write-backs.
-  void flush_caches() override {
-    if (!flush_) {
-      const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-      flush_words_ = 2 * static_cast<int64_t>(llc > (16L << 20) ? llc : (64L << 20)) / 8;
-      flush_ = make_host_pages(static_cast<std::size_t>(flush_words_) * 8);
-      std::memset(flush_.get(), 1, static_cast<std::size_t>(flush_words_) * 8);
-    }
-    // On every OpenMP thread (as the timed call will be), so the team is awake when the call starts.
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(flush_.get());
-    uint64_t sum = 0;
-    const int64_t n = flush_words_;
-#pragma omp parallel for reduction(+ : sum)
-    for (int64_t i = 0; i < n; i += 8) sum += w[i];  // one load per 64-byte line
-    flush_sink_ = sum;
-  }
+  void flush_caches() override { flush_(); }
   double time_call(const std::function<void()>& fn) override {
     auto t0 = std::chrono::steady_clock::now();
     fn();
@@ -54,9 +38,7 @@ class CpuDevice final : public Device {
   }
 
  private:
-  HostPages flush_;
-  int64_t flush_words_ = 0;
-  volatile uint64_t flush_sink_ = 0;
+  CacheFlush flush_;
 };
 
 }  // namespace

@@ -1,11 +1,13 @@
 #include "harness/host_pages.hpp"
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#include <unistd.h>
 
 #include "common/common.hpp"
 
@@ -63,6 +65,21 @@ HostPages make_host_pages(std::size_t bytes) {
   void* p = host_pages_alloc(bytes);
   if (p == nullptr) throw Error("out of host memory: " + std::to_string(bytes) + " bytes for a harness buffer");
   return HostPages(static_cast<unsigned char*>(p));
+}
+
+void CacheFlush::operator()() {
+  if (!buf_) {
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    words_ = 2 * static_cast<std::size_t>(llc > (16L << 20) ? llc : (64L << 20)) / 8;
+    buf_ = make_host_pages(words_ * 8);
+    std::memset(buf_.get(), 1, words_ * 8);
+  }
+  const auto* w = reinterpret_cast<const std::uint64_t*>(buf_.get());
+  const auto n = static_cast<int64_t>(words_);
+  std::uint64_t sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+  for (int64_t i = 0; i < n; i += 8) sum += w[i];
+  sink_ = sum;
 }
 
 }  // namespace memtrade

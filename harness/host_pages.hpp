@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,5 +44,22 @@ struct HostPagesFree {
 using HostPages = std::unique_ptr<unsigned char[], HostPagesFree>;
 // Error (naming the size) when the memory is not there; the bytes are not initialized.
 HostPages make_host_pages(std::size_t bytes);
+
+// Evicts the host caches before a cold-cache measurement: reads (not writes) a buffer of twice the
+// last-level cache (64 MiB where the size is unknown or under 16 MiB), one load per 64-byte line, on
+// every OpenMP thread, so the caches are left holding clean lines (the measured call's loads evict
+// without write-backs) and the thread team is awake when the call starts. Used by the CPU device before
+// every cold-cache call and by the bandwidth probe before every timed copy or read, so that both are
+// measured from memory, not from a last-level cache that may hold most of a 256 MiB buffer (260 MiB on
+// some cloud VMs).
+class CacheFlush {
+ public:
+  void operator()();  // allocates the buffer on first use
+
+ private:
+  HostPages buf_;
+  std::size_t words_ = 0;
+  volatile std::uint64_t sink_ = 0;
+};
 
 }  // namespace memtrade
