@@ -14,7 +14,7 @@ passed, real time per call. Implementations (each a `peer` record; cases they do
              torch.ao dynamic quantization, fbgemm's int8 Linear), with cold caches as memtrade times them
   precision  torch-fp32, torch-bf16-autocast: one training step of the same Llama configuration through
              transformers' LlamaForCausalLM (SDPA attention, torch.optim.AdamW), from a fresh model
-  cpu_adam   torch-adamw-fused, torch-adamw-foreach: torch.optim.AdamW's step over the n fp32 parameters;
+  cpu_adam   torch-adamw-fused, torch-adamw-foreach: torch.optim.AdamW's step over the n fp32 parameters (cold);
              with a 16-bit grad_dtype the gradient widened into fp32 first and the weights narrowed after
 Not covered: the 4- and 8-bit float formats (PyTorch has no CPU kernel for them).
 --against prints memtrade's median time over the peer's for every case both ran. `memtrade report
@@ -278,8 +278,9 @@ def adam_peers(torch, p, device, dtype_of):
                 if narrow:
                     w16.copy_(param)
         return call
-    return [("torch-adamw-fused", make(fused=True), {"weight_bytes": moved}),
-            ("torch-adamw-foreach", make(foreach=True), {"weight_bytes": moved})], ""
+    # cold, as memtrade times cpu_adam: in training the forward and backward evict the optimizer state
+    return [("torch-adamw-fused", make(fused=True), {"weight_bytes": moved, "cold": True}),
+            ("torch-adamw-foreach", make(foreach=True), {"weight_bytes": moved, "cold": True})], ""
 
 
 PEERS = {"attention": attention_peers, "gemm": gemm_peers, "quant": quant_peers, "precision": train_peers,
