@@ -82,7 +82,7 @@ void Decoder::set_int8_activations(bool on) {
 }
 
 Decoder::Decoder(Device& dev, const Config& c, std::span<const float> params, KvCache& cache,
-                 std::optional<quant::Spec> weights, int64_t host_layers)
+                 std::optional<quant::Spec> weights, int64_t host_layers, bool fuse_projections)
     : dev_(dev), c_(c), L_(param_layout(c)), cache_(cache), host_layers_(host_layers) {
   MT_CHECK(static_cast<int64_t>(params.size()) == L_.total, "decoder: the parameters do not match the config");
   const KvShape& s = cache.shape();
@@ -105,15 +105,31 @@ Decoder::Decoder(Device& dev, const Config& c, std::span<const float> params, Kv
     return w + at - D;
   };
   std::size_t staging = 0;
+  fused_ = fuse_projections && weights && quant::rows_independent(*weights);
+  std::vector<float> rows;  // a fused projection's source rows, stacked
+  auto stacked = [&](std::initializer_list<std::pair<int64_t, int64_t>> parts, TrackedAllocator& pool) {
+    int64_t n = 0;
+    for (const auto& [offset, out] : parts) n += out;
+    rows.resize(static_cast<std::size_t>(n * D));
+    float* at = rows.data();
+    for (const auto& [offset, out] : parts) at = std::copy(src + offset, src + offset + out * D, at);
+    return linear(rows.data(), n, D, weights, pool);
+  };
   for (int64_t l = 0; l < c.layers; ++l) {
     const auto& P = L_.layer[l];
     attn_norm_.push_back(norm(P.attn_norm));
     mlp_norm_.push_back(norm(P.mlp_norm));
     TrackedAllocator& pool = l < host_layers ? dev.host() : dev.memory();
-    layers_.push_back({linear(src + P.wq, D, D, weights, pool), linear(src + P.wk, KV, D, weights, pool),
-                       linear(src + P.wv, KV, D, weights, pool), linear(src + P.wo, D, D, weights, pool),
-                       linear(src + P.wg, F, D, weights, pool), linear(src + P.wu, F, D, weights, pool),
-                       linear(src + P.wd, D, F, weights, pool)});
+    std::vector<Linear>& lin = layers_.emplace_back();
+    if (fused_) {
+      lin.push_back(stacked({{P.wq, D}, {P.wk, KV}, {P.wv, KV}}, pool));
+      lin.push_back(linear(src + P.wo, D, D, weights, pool));
+      lin.push_back(stacked({{P.wg, F}, {P.wu, F}}, pool));
+    } else {
+      for (const auto& [offset, out] : {std::pair{P.wq, D}, {P.wk, KV}, {P.wv, KV}, {P.wo, D}, {P.wg, F}, {P.wu, F}})
+        lin.push_back(linear(src + offset, out, D, weights, pool));
+    }
+    lin.push_back(linear(src + P.wd, D, F, weights, pool));
     if (l < host_layers) {
       std::size_t bytes = 0;
       for (const Linear& lin : layers_.back()) bytes += staging_slot(lin.store.bytes());
@@ -162,11 +178,15 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
   const int64_t B = static_cast<int64_t>(reqs.size()), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab,
                 H = c_.heads, hd = c_.head_dim();
   auto& pool = dev_.memory();
-  Buffer xb(pool, B * D * 4, Tag::workspace), xnb(pool, B * D * 4, Tag::workspace), qb(pool, B * D * 4, Tag::workspace),
-      kb(pool, B * KV * 4, Tag::workspace), vb(pool, B * KV * 4, Tag::workspace), ob(pool, B * D * 4, Tag::workspace),
-      gb(pool, B * F * 4, Tag::workspace), ub(pool, B * F * 4, Tag::workspace), rms(pool, B * 4, Tag::workspace);
-  float *x = xb.as<float>(), *xn = xnb.as<float>(), *q = qb.as<float>(), *k = kb.as<float>(), *v = vb.as<float>(),
-        *o = ob.as<float>(), *g = gb.as<float>(), *u = ub.as<float>(), *r = rms.as<float>();
+  const int64_t QKV = D + 2 * KV;
+  // q, k and v of the batch in one buffer: [B x D], [B x KV], [B x KV] one after the other, or, fused, row
+  // b's [q, k, v] at b x QKV; gate and up likewise ([B x F] twice, or row b's [gate, up] at b x 2F).
+  Buffer xb(pool, B * D * 4, Tag::workspace), xnb(pool, B * D * 4, Tag::workspace), qkvb(pool, B * QKV * 4, Tag::workspace),
+      ob(pool, B * D * 4, Tag::workspace), gub(pool, B * 2 * F * 4, Tag::workspace), rms(pool, B * 4, Tag::workspace);
+  float *x = xb.as<float>(), *xn = xnb.as<float>(), *q = qkvb.as<float>(), *o = ob.as<float>(), *gu = gub.as<float>(),
+        *r = rms.as<float>();
+  const int64_t qkv_stride = fused_ ? QKV : D, kv_stride = fused_ ? QKV : KV;  // from one row to the next
+  float *k = fused_ ? q + D : q + B * D, *v = fused_ ? q + D + KV : q + B * (D + KV);
   std::vector<int64_t> pos(B);
   for (int64_t b = 0; b < B; ++b) {
     MT_CHECK(tokens[b] >= 0 && tokens[b] < V, "decoder: token " + std::to_string(tokens[b]) + " is outside the vocabulary");
@@ -187,16 +207,21 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
     if (l < host_layers_) stage(l);
     const auto& P = layers_[l];
     rmsnorm_forward(x, attn_norm_[l], xn, r, B, D, c_.norm_eps);
-    apply(P[0], xn, B, D, D, q, false);
-    apply(P[1], xn, B, KV, D, k, false);
-    apply(P[2], xn, B, KV, D, v, false);
+    if (fused_) {
+      apply(P[0], xn, B, QKV, D, q, false);
+    } else {
+      apply(P[0], xn, B, D, D, q, false);
+      apply(P[1], xn, B, KV, D, k, false);
+      apply(P[2], xn, B, KV, D, v, false);
+    }
     for (int64_t b = 0; b < B; ++b) {
-      rope(q + b * D, H, pos[b]);
-      rope(k + b * KV, c_.kv_heads, pos[b]);
+      float *qb = q + b * qkv_stride, *kb = k + b * kv_stride, *vb = v + b * kv_stride;
+      rope(qb, H, pos[b]);
+      rope(kb, c_.kv_heads, pos[b]);
       uint8_t* e = cache_.entry(reqs[b], l, pos[b]);
       for (int64_t h = 0; h < c_.kv_heads; ++h) {
-        encode_head(s.type, k + b * KV + h * hd, hd, e + h * s.head_bytes(), s.record_scales(l, 0, h));
-        encode_head(s.type, v + b * KV + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes(), s.record_scales(l, 1, h));
+        encode_head(s.type, kb + h * hd, hd, e + h * s.head_bytes(), s.record_scales(l, 0, h));
+        encode_head(s.type, vb + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes(), s.record_scales(l, 1, h));
       }
       auto raise = [](float& m, float x) {
         if (!std::isnan(m) && (std::isnan(x) || std::abs(x) > m)) m = std::abs(x);
@@ -205,20 +230,28 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
         for (int kv = 0; kv < 2; ++kv)
           for (int64_t h = 0; h < c_.kv_heads; ++h) {
             float& m = (*kv_amax_)[static_cast<std::size_t>(s.scale_index(l, kv, h))];
-            const float* x = (kv == 0 ? k : v) + b * KV + h * hd;
+            const float* x = (kv == 0 ? kb : vb) + h * hd;
             for (int64_t i = 0; i < hd; ++i) raise(m, x[i]);
           }
       if (key_amax_)
-        for (int64_t i = 0; i < KV; ++i) raise((*key_amax_)[static_cast<std::size_t>(l * KV + i)], k[b * KV + i]);
+        for (int64_t i = 0; i < KV; ++i) raise((*key_amax_)[static_cast<std::size_t>(l * KV + i)], kb[i]);
     }
+    if (fused_)  // the queries packed [B x D] for the attention (row b moves down; k and v are cached)
+      for (int64_t b = 1; b < B; ++b) std::memmove(q + b * D, q + b * QKV, static_cast<std::size_t>(D) * 4);
     cache_.stage(reqs, l);
     decode_attention(cache_, reqs, l, q, H, o);
-    apply(P[3], o, B, D, D, x, true);  // x += o Wo^T
+    const Linear &wo = P[fused_ ? 1 : 3], &wd = P[fused_ ? 3 : 6];
+    apply(wo, o, B, D, D, x, true);  // x += o Wo^T
     rmsnorm_forward(x, mlp_norm_[l], xn, r, B, D, c_.norm_eps);
-    apply(P[4], xn, B, F, D, g, false);
-    apply(P[5], xn, B, F, D, u, false);
-    swiglu_forward(g, u, g, B * F);
-    apply(P[6], g, B, D, F, x, true);  // x += h Wd^T
+    if (fused_) {  // h of row b into gu[b x F ..]: below its own gate and up (row 0 in place, as unfused)
+      apply(P[2], xn, B, 2 * F, D, gu, false);
+      for (int64_t b = 0; b < B; ++b) swiglu_forward(gu + b * 2 * F, gu + b * 2 * F + F, gu + b * F, F);
+    } else {
+      apply(P[4], xn, B, F, D, gu, false);
+      apply(P[5], xn, B, F, D, gu + B * F, false);
+      swiglu_forward(gu, gu + B * F, gu, B * F);
+    }
+    apply(wd, gu, B, D, F, x, true);  // x += h Wd^T
   }
   rmsnorm_forward(x, final_norm_, xn, r, B, D, c_.norm_eps);
   apply(head_, xn, B, V, D, logits, false);

@@ -16,12 +16,11 @@
 //
 // Weight offload (host_layers > 0): the projections of the first host_layers layers live in the host
 // pool (pinned on CUDA; tag weights), as llama.cpp keeps the layers it does not offload to the GPU;
-// before such a layer runs, its seven projections are copied into one device staging area the size of
+// before such a layer runs, its projections are copied into one device staging area the size of
 // the largest offloaded layer, so every decode step moves every offloaded layer's bytes to the device
 // once (counted by weight_bytes_to_device()). On the CPU backend the copy is a host copy.
 #pragma once
 
-#include <array>
 #include <optional>
 #include <span>
 #include <vector>
@@ -35,8 +34,10 @@ namespace memtrade::kvcache {
 
 class Decoder {
  public:
+  // fuse_projections: stack q/k/v and gate/up where the weight format allows it without changing a bit
+  // (see layers_); false keeps seven projections per layer (the tests compare the two).
   Decoder(Device& dev, const model::Config& c, std::span<const float> params, KvCache& cache,
-          std::optional<quant::Spec> weights = std::nullopt, int64_t host_layers = 0);
+          std::optional<quant::Spec> weights = std::nullopt, int64_t host_layers = 0, bool fuse_projections = true);
   // Bytes of the weights the decode step reads (every projection and lm_head as stored).
   double weight_bytes_read() const { return weight_bytes_; }
   // Bytes of every weight as the decoder stores it (those read per token, the fp32 embedding and norms),
@@ -84,7 +85,12 @@ class Decoder {
   KvCache& cache_;
   const float *embed_ = nullptr, *final_norm_ = nullptr;
   std::vector<const float*> attn_norm_, mlp_norm_;
-  std::vector<std::array<Linear, 7>> layers_;  // q, k, v, o, gate, up, down
+  // Each layer's projections in the order the step applies them: q, k, v, o, gate, up, down; or, when the
+  // weight format quantizes every row on its own (quant::rows_independent: the bits do not change), four:
+  // qkv ([q; k; v] stacked, one matvec for the three, as vLLM's QKV projection), o, gate_up ([gate; up]),
+  // down. A batch-1 step then starts 4 kernels per layer instead of 7 and rounds each input to int8 once.
+  std::vector<std::vector<Linear>> layers_;
+  bool fused_ = false;
   Linear head_;
   double weight_bytes_ = 0;
   int64_t host_layers_ = 0, to_device_ = 0;

@@ -158,6 +158,8 @@ std::string spec_name(const Spec& s) {
 
 // ------------------------------------------------------------------------------------- layout
 
+bool rows_independent(const Spec& s) { return !per_tensor(s) && !s.double_quant; }
+
 int64_t QLayout::num_params() const { return per_tensor(spec) ? 1 : rows * groups_per_row; }
 
 QLayout layout(const Spec& s, int64_t rows, int64_t cols) {

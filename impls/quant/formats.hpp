@@ -315,6 +315,9 @@ int64_t group_size(const Spec& s, int64_t cols);
 Spec parse_spec(std::string_view name);
 std::string spec_name(const Spec& s);  // canonical name; parse_spec(spec_name(s)) == s
 const char* format_name(Format f);
+// Each row's codes and parameters follow from that row's weights alone (no per-tensor scale, no nf4 double
+// quantization across rows), so matrices stacked row-wise quantize as each does alone.
+bool rows_independent(const Spec& s);
 
 // One byte range inside a blob.
 struct Section {
