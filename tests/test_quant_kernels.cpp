@@ -66,7 +66,10 @@ const char* kernel_specs[] = {"int8",          "int4-g32",       "int4-g128",   
 struct Shape {
   int64_t N, K;
 };
-const Shape shapes[] = {{1, 1}, {1, 7}, {5, 33}, {17, 100}, {64, 257}, {3, 4101}, {128, 128}, {2, 31}, {40, 1000}};
+// {24, 576}: SmolLM2's width, whose last group of 128 is a partial one of 64 (vectorized); {3, 4160}: a
+// partial group that starts a new tile of columns (4096).
+const Shape shapes[] = {{1, 1},     {1, 7},     {5, 33},    {17, 100}, {64, 257}, {3, 4101},
+                        {128, 128}, {2, 31},    {40, 1000}, {24, 576}, {3, 4160}};
 
 }  // namespace
 

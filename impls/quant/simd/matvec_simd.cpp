@@ -89,7 +89,10 @@ template <Format F>
 void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
   const DF df;
   const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t Kt = K / G * G;  // columns in whole groups; the last partial group goes element by element
+  // Columns in whole groups, and the last partial group's whole chunks of 2 V columns too (SmolLM2's 576
+  // columns in groups of 128 end in a group of 64, an eighth of every row); what is left of a partial group
+  // goes element by element.
+  const int64_t Kt = K / G * G + (K % G) / (2 * V) * (2 * V);
   const Nf4Table nf4;
   const float* table = nf4.v;
   rows_per_thread(N, [&](int64_t r0, int64_t r1) {
@@ -105,13 +108,14 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
         VF acc = hn::Zero(df);
-        for (int64_t g = c0 / G; g < c1 / G; ++g) {
+        for (int64_t g = c0 / G; g * G < c1; ++g) {
+          const int64_t ge = std::min((g + 1) * G, c1);  // the group's end (a partial last group: c1)
           const GroupParams p = stored_params(L, blob, r, g);
           const VF zl = zero_lo(p.zero), zh = zero_hi(p.zero);
           // Four accumulators: the fma latency, not the decode, bounds two dependency chains.
           VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
           int64_t k = g * G;
-          for (; k + 4 * V <= (g + 1) * G; k += 4 * V) {
+          for (; k + 4 * V <= ge; k += 4 * V) {
             if ((k & 127) == 0) hwy::Prefetch(row + k / 2 + kPrefetchBytes);
             VF ue, uo, ue2, uo2;
             decode4<F>(row + k / 2, zl, zh, table, ue, uo);
@@ -121,7 +125,7 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
             a2 = hn::MulAdd(ue2, hn::Load(df, xp + (k - c0) + 2 * V), a2);
             a3 = hn::MulAdd(uo2, hn::Load(df, xp + (k - c0) + 3 * V), a3);
           }
-          for (; k < (g + 1) * G; k += 2 * V) {
+          for (; k < ge; k += 2 * V) {
             VF ue, uo;
             decode4<F>(row + k / 2, zl, zh, table, ue, uo);
             a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
@@ -132,9 +136,9 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
         y[r] += hn::GetLane(hn::SumOfLanes(df, acc));
       }
     }
-    for (int64_t r = r0; r < r1 && Kt < K; ++r) {  // the last, partial group
+    for (int64_t r = r0; r < r1 && Kt < K; ++r) {  // the rest of the last, partial group
       const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
-      const GroupParams p = stored_params(L, blob, r, Kt / G);
+      const GroupParams p = stored_params(L, blob, r, (K - 1) / G);
       float tail = 0.f;
       for (int64_t k = Kt; k < K; ++k) tail += unscaled<F>(row, k, p.zero) * x[k];
       y[r] += p.scale * tail;
