@@ -78,6 +78,7 @@ TEST(QuantKernels, EveryTargetIsReachable) {
   ASSERT_FALSE(all.empty());
   for_each_simd_target([&](int64_t t) {
     EXPECT_EQ(simd::target_name(), simd::name_of(t));
+    EXPECT_EQ(simd::restricted_below_best(), t != all.front());
     // Below the best target the hand-written AVX-512 kernel stands aside: the portable path runs.
     const QLayout L = layout(parse_spec("int4-g128"), 4, 256);
     if (t != all.front()) {
@@ -85,6 +86,7 @@ TEST(QuantKernels, EveryTargetIsReachable) {
     }
   });
   EXPECT_EQ(simd::target_name(), simd::name_of(all.front()));
+  EXPECT_FALSE(simd::restricted_below_best());
 }
 
 TEST(QuantKernels, MatvecCpuMatchesReference) {

@@ -12,7 +12,11 @@ namespace memtrade::simd {
 
 namespace {
 int64_t g_restricted = 0;
-}
+// Set by restrict_to: restricted_below_best() sits on the quantized matvec's per-call path, and listing
+// the targets while restricted probes the CPU again and resets Highway's dispatch (CPUID exits a VM: it
+// cost about 40 us a call on a 2-core VM, more than a 576 x 576 int8 matvec).
+bool g_below_best = false;
+}  // namespace
 
 std::vector<int64_t> available_targets() {
   std::vector<int64_t> t = hwy::SupportedAndGeneratedTargets();
@@ -34,20 +38,15 @@ std::string target_name() {
 }
 
 void restrict_to(int64_t target) {
-  if (target) {
-    const auto all = available_targets();
-    if (std::find(all.begin(), all.end(), target) == all.end())
-      throw Error("SIMD target " + name_of(target) + " is not available in this binary on this CPU");
-  }
+  const auto all = available_targets();
+  if (target && std::find(all.begin(), all.end(), target) == all.end())
+    throw Error("SIMD target " + name_of(target) + " is not available in this binary on this CPU");
   g_restricted = target;
+  g_below_best = target != 0 && target != all.front();
   hwy::SetSupportedTargetsForTest(target);
 }
 
-bool restricted_below_best() {
-  if (!g_restricted) return false;
-  const auto all = available_targets();
-  return !all.empty() && g_restricted != all.front();
-}
+bool restricted_below_best() { return g_below_best; }
 
 void apply_env() {
   const char* v = std::getenv("MEMTRADE_SIMD");
