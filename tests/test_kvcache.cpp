@@ -732,12 +732,18 @@ TEST(Decoder, FusedProjectionsGiveTheSeparateProjectionsBits) {
                 << " step " << t;
           }
         }
-  // nf4-dq quantizes across rows (absmax blocks of 256 groups, one mean per matrix): never stacked, so the
-  // weights take what the separate projections take.
+  // nf4-dq quantizes across rows (absmax blocks of 256 groups, one mean per matrix), so stacking would
+  // change its weights: it is never stacked, and gives the separate projections' logits.
   auto dev = make_cpu_device();
   ContiguousCache c1(*dev, s), c2(*dev, s);
-  const Decoder dq(*dev, cfg, w, c1, quant::parse_spec("nf4-dq")), dq_sep(*dev, cfg, w, c2, quant::parse_spec("nf4-dq"), 0, false);
+  Decoder dq(*dev, cfg, w, c1, quant::parse_spec("nf4-dq")),
+      dq_sep(*dev, cfg, w, c2, quant::parse_spec("nf4-dq"), 0, false);
   EXPECT_EQ(dq.weight_bytes_stored(), dq_sep.weight_bytes_stored());
+  const std::vector<int64_t> r1 = {c1.add(2)}, r2 = {c2.add(2)};
+  std::vector<float> z1(cfg.vocab), z2(cfg.vocab);
+  dq.step(r1, std::vector<int32_t>{b.inputs[0]}, z1.data());
+  dq_sep.step(r2, std::vector<int32_t>{b.inputs[0]}, z2.data());
+  EXPECT_EQ(std::memcmp(z1.data(), z2.data(), z1.size() * sizeof(float)), 0);
 }
 
 TEST(Decoder, WeightOffloadGivesTheSameLogitsAndMovesEachOffloadedLayerEveryStep) {

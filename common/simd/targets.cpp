@@ -42,7 +42,7 @@ void restrict_to(int64_t target) {
   if (target && std::find(all.begin(), all.end(), target) == all.end())
     throw Error("SIMD target " + name_of(target) + " is not available in this binary on this CPU");
   g_restricted = target;
-  g_below_best = target != 0 && target != all.front();
+  g_below_best = target != 0 && !all.empty() && target != all.front();
   hwy::SetSupportedTargetsForTest(target);
 }
 
