@@ -1,9 +1,6 @@
 #include <chrono>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-
-#include <unistd.h>
 
 #include "harness/device.hpp"
 #include "harness/host_pages.hpp"
