@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -417,6 +418,49 @@ TEST(QuantIntActivations, A8ActivationLayoutIsAPermutationOfEachPair) {
   EXPECT_EQ(a8_position(16), 32);  // block 1's evens
   EXPECT_EQ(a8_position(32), 1);   // block 0's odds
   EXPECT_EQ(a8_position(63), 63);  // block 1's last odd
+}
+
+TEST(QuantIntActivations, WholeBlocksRoundAsTheScalarBlockOnEveryTarget) {
+  // round_whole_blocks (the kernels' preparation, in vectors) gives quantize_activation_block's codes and
+  // scales bit for bit: random blocks of every magnitude, exact half steps, an all-zero block, one whose
+  // step is below the normal floats, a NaN, +-infinity, -0; 40 blocks so the 16-block passes end mid-chunk.
+  const int64_t nb = 40;
+  std::vector<float> x = normal_vec(nb * kActBlock, 77, 1.0);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t i = 0; i < kActBlock; ++i) x[b * kActBlock + i] *= std::ldexp(1.f, static_cast<int>(b % 13) * 9 - 60);
+  for (int64_t i = 0; i < kActBlock; ++i) {
+    x[3 * kActBlock + i] = static_cast<float>(i - 15) * 0.5f;
+    x[4 * kActBlock + i] = 0.f;
+    x[5 * kActBlock + i] = i == 7 ? 1e-36f : 0.f;
+  }
+  x[6 * kActBlock] = 127.f;  // amax 127: a step of 1 (8-bit), so x.5 are exact ties
+  for (int64_t i = 1; i < kActBlock; ++i) x[6 * kActBlock + i] = static_cast<float>(i) - 0.5f - 16.f;
+  x[7 * kActBlock + 9] = NAN;
+  x[8 * kActBlock + 2] = INFINITY;
+  x[9 * kActBlock + 30] = -INFINITY;
+  x[10 * kActBlock + 1] = -0.f;
+  for (int bits : {8, 16})
+    for_each_simd_target([&](int64_t) {
+      SCOPED_TRACE("a" + std::to_string(bits));
+      std::vector<int16_t> q(x.size(), 99), qs(kActBlock);
+      std::vector<float> s(nb, -1.f);
+      round_whole_blocks(x.data(), nb, bits, q.data(), s.data());
+      for (int64_t b = 0; b < nb; ++b) {
+        float ss = -1.f;
+        quantize_activation_block(x.data() + b * kActBlock, kActBlock, bits, qs.data(), ss);
+        EXPECT_EQ(std::bit_cast<uint32_t>(s[b]), std::bit_cast<uint32_t>(ss)) << "block " << b;
+        for (int64_t i = 0; i < kActBlock; ++i) ASSERT_EQ(q[b * kActBlock + i], qs[i]) << "block " << b << " element " << i;
+      }
+      EXPECT_TRUE(std::isnan(s[7]) && std::isnan(s[8]) && std::isnan(s[9]));
+      EXPECT_EQ(s[4], 0.f);
+      EXPECT_EQ(s[5], 0.f);
+      if (bits == 8) {
+        EXPECT_EQ(q[6 * kActBlock + 17], 0);   // 0.5 -> 0 (to even)
+        EXPECT_EQ(q[6 * kActBlock + 18], 2);   // 1.5 -> 2
+        EXPECT_EQ(q[6 * kActBlock + 20], 4);   // 3.5 -> 4
+        EXPECT_EQ(q[6 * kActBlock + 1], -16);  // -15.5 -> -16
+      }
+    });
 }
 
 TEST(QuantIntActivations, CodesAndTheirError) {

@@ -1,13 +1,85 @@
-#include "impls/quant/simd/int_activations.hpp"
+// Compiled once per SIMD target by Highway's foreach_target (this file includes itself): a whole block's
+// rounding runs in vectors; the rest of the file is compiled once (HWY_ONCE).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "impls/quant/simd/int_activations.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
+#include "impls/quant/simd/int_activations.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace memtrade::quant::act {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// round_block (below) on nb whole blocks in a row (block b's codes at q + b x kActBlock, its scale in
+// scale[b]), with the same arithmetic: amax from the magnitudes' bit patterns, the scale in double, each
+// x / scale rounded to nearest even in double (a product and Round: nothing for the compiler to fuse) and
+// clamped to +-qmax. So the codes and scales are round_block's on every target. The blocks' maxima, then
+// their scales (two divisions each, independent from block to block), then their codes, each in a pass.
+void RoundMany(const float* x, int64_t nb, double qmax, int16_t* q, float* scale) {
+  const hn::ScalableTag<uint32_t> du;
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const hn::Rebind<int32_t, decltype(dd)> di;
+  const hn::Rebind<int16_t, decltype(dd)> dq;
+  constexpr int64_t n = kActBlock, kChunk = 16;
+  static_assert(n % hn::MaxLanes(du) == 0 && n % hn::MaxLanes(dd) == 0, "a block is whole vectors");
+  for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
+    const int64_t nc = std::min(kChunk, nb - c0);
+    uint32_t amax_bits[kChunk];
+    double inv[kChunk];
+    for (int64_t b = 0; b < nc; ++b) {
+      const uint32_t* xb = reinterpret_cast<const uint32_t*>(x + (c0 + b) * n);
+      auto m = hn::Zero(du);
+      for (int64_t i = 0; i < n; i += static_cast<int64_t>(hn::Lanes(du)))
+        m = hn::Max(m, hn::And(hn::LoadU(du, xb + i), hn::Set(du, 0x7fffffffu)));
+      amax_bits[b] = hn::GetLane(hn::MaxOfLanes(du, m));
+    }
+    for (int64_t b = 0; b < nc; ++b) {
+      float& s = scale[c0 + b];
+      inv[b] = 0;  // no codes: an infinity or a NaN (scale NaN), or zero or a step below the normal range
+      if (amax_bits[b] >= 0x7f800000u) {
+        s = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      s = static_cast<float>(static_cast<double>(std::bit_cast<float>(amax_bits[b])) / qmax);
+      if (!(s >= std::numeric_limits<float>::min())) s = 0.f;
+      else inv[b] = 1.0 / s;
+    }
+    for (int64_t b = 0; b < nc; ++b) {
+      const float* xb = x + (c0 + b) * n;
+      int16_t* qb = q + (c0 + b) * n;
+      if (inv[b] == 0) {
+        std::fill(qb, qb + n, int16_t{0});
+        continue;
+      }
+      const auto vi = hn::Set(dd, inv[b]), hi = hn::Set(dd, qmax), lo = hn::Set(dd, -qmax);
+      for (int64_t i = 0; i < n; i += static_cast<int64_t>(hn::Lanes(dd))) {
+        const auto v = hn::Round(hn::Mul(hn::PromoteTo(dd, hn::LoadU(df, xb + i)), vi));
+        hn::StoreU(hn::DemoteTo(dq, hn::DemoteTo(di, hn::Min(hn::Max(v, lo), hi))), dq, qb + i);
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace memtrade::quant::act
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 #include "common/common.hpp"
 
 namespace memtrade::quant {
+namespace act {
+HWY_EXPORT(RoundMany);
+}  // namespace act
 
 namespace {
 int qmax_of(int bits) {
@@ -15,8 +87,7 @@ int qmax_of(int bits) {
   return bits == 16 ? 32767 : 127;
 }
 
-// quantize_activation_block's work; a whole block (n = kActBlock, a constant) compiles to straight-line
-// vector code.
+// quantize_activation_block's work (RoundMany's, block by block, in scalar code).
 inline double round_block(const float* x, int64_t n, double qmax, int16_t* q, float& scale) {
   // amax from the magnitudes' bit patterns (ordered as the values are, infinity above every finite value
   // and NaN above infinity): an integer max the compiler vectorizes, where a float max with an isfinite
@@ -50,7 +121,11 @@ inline double round_block(const float* x, int64_t n, double qmax, int16_t* q, fl
 
 double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q, float& scale) {
   const double qmax = qmax_of(bits);
-  return n == kActBlock ? round_block(x, kActBlock, qmax, q, scale) : round_block(x, n, qmax, q, scale);
+  return round_block(x, n, qmax, q, scale);
+}
+
+void round_whole_blocks(const float* x, int64_t nb, int bits, int16_t* q, float* scale) {
+  HWY_DYNAMIC_DISPATCH(act::RoundMany)(x, nb, qmax_of(bits), q, scale);
 }
 
 IntActivations quantize_activations(const float* x, int64_t K, int bits) {
@@ -100,3 +175,4 @@ std::vector<double> nf4_level_bound(const QLayout& L, const uint8_t* blob, const
 }
 
 }  // namespace memtrade::quant
+#endif  // HWY_ONCE

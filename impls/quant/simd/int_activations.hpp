@@ -33,20 +33,31 @@ IntActivations quantize_activations(const float* x, int64_t K, int bits);
 // One block of n <= kActBlock elements: codes q[0..n) and the block's scale; returns the block's max_err.
 double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q, float& scale);
 
+// nb whole blocks in a row, as quantize_activation_block rounds each (in vectors, a call for all):
+// block b's codes at q + b x kActBlock, its scale in scale[b].
+void round_whole_blocks(const float* x, int64_t nb, int bits, int16_t* q, float* scale);
+
 // The kernels' preparation of x: every block rounded (quantize_activation_block) and handed to
 // place(b, q, n, scale) (block b's n codes in q, padded with zeros to kActBlock), and the sum of x^ over
 // each group of G elements (G a multiple of kActBlock, or K: one group) in cs[group], summed in float64
 // (exact: at most K x 2^15 x scale) and rounded once.
 template <class Place>
 void round_blocks(const float* x, int64_t K, int bits, int64_t G, float* cs, Place&& place) {
-  const int64_t blocks = (K + kActBlock - 1) / kActBlock;
+  const int64_t blocks = (K + kActBlock - 1) / kActBlock, whole = K / kActBlock;
+  constexpr int64_t kChunk = 16;  // whole blocks rounded per call
   double group_sum = 0;
-  int16_t q[kActBlock];
+  int16_t qs[kChunk * kActBlock];
+  float ss[kChunk];
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t k0 = b * kActBlock, n = std::min(kActBlock, K - k0);
-    float s = 0.f;
-    quantize_activation_block(x + k0, n, bits, q, s);
-    std::fill(q + n, q + kActBlock, int16_t{0});
+    if (b < whole && b % kChunk == 0) round_whole_blocks(x + k0, std::min(kChunk, whole - b), bits, qs, ss);
+    int16_t* q = qs + (b % kChunk) * kActBlock;
+    float s = ss[b % kChunk];
+    if (b >= whole) {  // the last block, shorter than kActBlock
+      q = qs;
+      quantize_activation_block(x + k0, n, bits, q, s);
+      std::fill(q + n, q + kActBlock, int16_t{0});
+    }
     place(b, q, n, s);
     int64_t qsum = 0;
     for (int64_t i = 0; i < n; ++i) qsum += q[i];

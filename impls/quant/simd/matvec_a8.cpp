@@ -357,7 +357,10 @@ void matvec_a8(const QLayout& L, const uint8_t* blob, const float* x, float* y, 
     std::fill(xs4 + 4 * b, xs4 + 4 * b + 4, s);
     if (pairs && b < K / 64 * 2) {  // a block of a whole pair: element i to position 32 (i odd) + 16 h + i / 2
       int8_t* out = xq + (b / 2) * 64 + 16 * (b % 2);
-      for (int64_t i = 0; i < kActBlock; ++i) out[32 * (i % 2) + i / 2] = static_cast<int8_t>(q[i]);
+      for (int64_t j = 0; j < kActBlock / 2; ++j) {
+        out[j] = static_cast<int8_t>(q[2 * j]);
+        out[32 + j] = static_cast<int8_t>(q[2 * j + 1]);
+      }
     } else {
       for (int64_t i = 0; i < kActBlock; ++i) xq[b * kActBlock + i] = static_cast<int8_t>(q[i]);
     }
