@@ -173,11 +173,20 @@ HWY_INLINE VF pair(const uint8_t* codes, const int8_t* xq, const float* xs4, Nf4
   }
 }
 
-// The scales of groups [g, g + 8) of row r (nf4-dq's decoded in vectors).
+// The scales of groups [g, g + 8) of row r, decoded in vectors where the format allows (nf4-dq's absmax,
+// the int4 formats' fp16 scales): the values scale() gives, without a scalar conversion per group.
 template <Format F>
 HWY_INLINE void absmax8(const RowParams& P, int64_t r, int64_t g, float* out) {
   if (F == Format::nf4 && P.L.spec.double_quant)
     return quant::simd::HWY_NAMESPACE::nf4_dq_absmax8(P.L, P.blob, P.mean, r * P.L.groups_per_row + g, out);
+  if constexpr (F == Format::int4 || F == Format::int4_asym) {
+    const hn::FixedTag<float, 4> d4;  // two halves: every x86 target has 128-bit vectors
+    const hn::Rebind<hwy::float16_t, decltype(d4)> dh;
+    const auto* sc = reinterpret_cast<const hwy::float16_t*>(P.scales) + r * P.gpr + g;
+    hn::StoreU(hn::PromoteTo(d4, hn::LoadU(dh, sc)), d4, out);
+    hn::StoreU(hn::PromoteTo(d4, hn::LoadU(dh, sc + 4)), d4, out + 4);
+    return;
+  }
   for (int64_t j = 0; j < 8; ++j) out[j] = P.template scale<F>(r, g + j);
 }
 
@@ -258,6 +267,16 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
           step(p + 1, hn::Set(df, P.template scale_at<F>(r0 + p + 1)), a1);
         }
       } else if (per_group == 2 && gpr > 1) {  // two pairs per group (the default g128): a group per step
+        for (; p + 16 <= pairs; p += 16) {  // eight groups' scales decoded in vectors first
+          HWY_ALIGN float sc[8];
+          absmax8<F>(P, r, p / 2, sc);
+          for (int64_t j = 0; j < 16; j += 2) {
+            hwy::Prefetch(row + 32 * (p + j) + simd::kPrefetchBytes);
+            const VF s = hn::Set(df, sc[j / 2]);
+            step(p + j, s, a0);
+            step(p + j + 1, s, a1);
+          }
+        }
         for (; p + 2 <= pairs; p += 2) {  // (a last group of fewer than two whole pairs is left to the loop below)
           hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
           const VF s = hn::Set(df, P.template scale_at<F>(r0 + p / 2));
