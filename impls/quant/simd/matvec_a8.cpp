@@ -176,7 +176,7 @@ HWY_INLINE VF pair(const uint8_t* codes, const int8_t* xq, const float* xs4, Nf4
 // The scales of groups [g, g + 8) of row r, decoded in vectors where the format allows (nf4-dq's absmax,
 // the int4 formats' fp16 scales): the values scale() gives, without a scalar conversion per group.
 template <Format F>
-HWY_INLINE void absmax8(const RowParams& P, int64_t r, int64_t g, float* out) {
+HWY_INLINE void scales8(const RowParams& P, int64_t r, int64_t g, float* out) {
   if (F == Format::nf4 && P.L.spec.double_quant)
     return quant::simd::HWY_NAMESPACE::nf4_dq_absmax8(P.L, P.blob, P.mean, r * P.L.groups_per_row + g, out);
   if constexpr (F == Format::int4 || F == Format::int4_asym) {
@@ -251,39 +251,28 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
       auto step = [&](int64_t q, VF s, VF& acc) {
         acc = hn::MulAdd(pair<F>(row + 32 * q, a.xq + 64 * q, a.xs4 + 8 * q, tables), s, acc);
       };
-      if (per_group == 1) {  // a pair per group (nf4's default g64): two groups per step, two chains
-        for (; p + 8 <= pairs; p += 8) {  // nf4-dq: eight absmax decoded in vectors first
+      // Two-pair steps: PG = 1 pair per group (nf4's default g64: two groups per step, two chains) or PG = 2
+      // (the default g128: a group per step; a last group of fewer than two whole pairs is left to the loop
+      // below). Eight groups' scales are decoded in vectors first, then the pairs left take theirs one by one.
+      auto two_pair_steps = [&]<int64_t PG>() {
+        for (; p + 8 * PG <= pairs; p += 8 * PG) {
           HWY_ALIGN float sc[8];
-          absmax8<F>(P, r, p, sc);
-          for (int64_t j = 0; j < 8; j += 2) {
+          scales8<F>(P, r, p / PG, sc);
+          for (int64_t j = 0; j < 8 * PG; j += 2) {
             hwy::Prefetch(row + 32 * (p + j) + simd::kPrefetchBytes);
-            step(p + j, hn::Set(df, sc[j]), a0);
-            step(p + j + 1, hn::Set(df, sc[j + 1]), a1);
+            step(p + j, hn::Set(df, sc[j / PG]), a0);
+            step(p + j + 1, hn::Set(df, sc[(j + 1) / PG]), a1);
           }
         }
         for (; p + 2 <= pairs; p += 2) {
           hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
-          step(p, hn::Set(df, P.template scale_at<F>(r0 + p)), a0);
-          step(p + 1, hn::Set(df, P.template scale_at<F>(r0 + p + 1)), a1);
+          const float s0 = P.template scale_at<F>(r0 + p / PG);
+          step(p, hn::Set(df, s0), a0);
+          step(p + 1, hn::Set(df, PG == 1 ? P.template scale_at<F>(r0 + p + 1) : s0), a1);
         }
-      } else if (per_group == 2 && gpr > 1) {  // two pairs per group (the default g128): a group per step
-        for (; p + 16 <= pairs; p += 16) {  // eight groups' scales decoded in vectors first
-          HWY_ALIGN float sc[8];
-          absmax8<F>(P, r, p / 2, sc);
-          for (int64_t j = 0; j < 16; j += 2) {
-            hwy::Prefetch(row + 32 * (p + j) + simd::kPrefetchBytes);
-            const VF s = hn::Set(df, sc[j / 2]);
-            step(p + j, s, a0);
-            step(p + j + 1, s, a1);
-          }
-        }
-        for (; p + 2 <= pairs; p += 2) {  // (a last group of fewer than two whole pairs is left to the loop below)
-          hwy::Prefetch(row + 32 * p + simd::kPrefetchBytes);
-          const VF s = hn::Set(df, P.template scale_at<F>(r0 + p / 2));
-          step(p, s, a0);
-          step(p + 1, s, a1);
-        }
-      }
+      };
+      if (per_group == 1) two_pair_steps.template operator()<1>();
+      else if (per_group == 2 && gpr > 1) two_pair_steps.template operator()<2>();
       for (int64_t g = p / std::max<int64_t>(per_group, 1); g < gpr; ++g) {  // the groups left (any size)
         const VF s = hn::Set(df, P.template scale_at<F>(r0 + g));
         const int64_t p1 = std::min(pairs, p + per_group);
