@@ -392,11 +392,12 @@ TEST(PagedCache, OffloadKeepsEveryTokenAndItsBookkeeping) {
 TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimdTarget) {
   // Contexts of several splits (split_tokens 32 and 48: partial chunks and partial splits), blocks of 5
   // tokens (not a multiple of the kernel's chunk), group sizes 1, 3 and 6 (one and two register blocks of
-  // query heads), head sizes with and without a vector tail; on every SIMD target this machine runs.
+  // query heads) and 130 (the 16- and 32-bit types' scores then take one pass per KV head), head sizes
+  // with and without a vector tail; on every SIMD target this machine runs.
   auto dev = make_cpu_device();
   test::for_each_simd_target([&](int64_t) {
     for (const int64_t hd : {32, 20})
-      for (const int64_t group : {1, 3, 6})
+      for (const int64_t group : {1, 3, 6, 130})
         for (KvType t : kTypes) {
           SCOPED_TRACE(std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd) + " group " + std::to_string(group));
           KvShape s{1, 2, hd, t};

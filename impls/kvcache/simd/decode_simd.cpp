@@ -114,58 +114,53 @@ HWY_INLINE void Sum4(const VF* v, float* out) {
 }
 #endif
 
-// One chunk for JB query heads (consecutive, from head h) of one KV head: n <= T tokens whose K and V
-// records are kr[t] and vr[t], with record scales ks[t] and vs[t]; the npf records pf (hb bytes each) are
-// prefetched, four per pair of tokens scored, into L2 only: prefetched into L1 (hwy::Prefetch, T0) the
-// next chunk (16 KB per KV head for fp32) evicts the chunk being worked on and the queries, and
-// fp32 ran at half the speed.
+// The scores of two tokens (K records k0 and k1) for JB query heads (q: JB x head_dim, consecutive):
+// d0[j] and d1[j], the dot products before any scale. Register-blocked: each K vector decoded once for
+// every head, the lane sums of four products at a time.
 template <KvType K, int JB>
-HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, const float* ks, const float* vs, int64_t n,
-                        int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
-                        int64_t npf, int64_t hb) {
+HWY_INLINE void ScorePair(const uint8_t* k0, const uint8_t* k1, int64_t hd, const float* q, float* d0, float* d1) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  HWY_ALIGN float s[JB][T];
-  HWY_ALIGN float kq[T];  // a token's score factor: its record scale x 1 / sqrt(head_dim)
-  for (int64_t t = 0; t < T; ++t) kq[t] = t < n ? ks[t] * qk : 0.f;
-  // Scores, two tokens at a time (an odd last token is paired with itself; its copy lands at position n,
-  // which the softmax below sets to -inf).
-  for (int64_t t = 0; t < n; t += 2) {
-    for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
-      for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(pf[f] + b, 0, 2);  // to L2, not L1
-    const uint8_t* k0 = kr[t];
-    const uint8_t* k1 = kr[t + 1 < n ? t + 1 : t];
-    VF a0[JB], a1[JB];
-    for (int j = 0; j < JB; ++j) a0[j] = a1[j] = hn::Zero(df);
-    int64_t i = 0;
-    for (; i + N <= hd; i += N) {
-      const VF x0 = Rec<K>::load(k0, i), x1 = Rec<K>::load(k1, i);
-      for (int j = 0; j < JB; ++j) {
-        const VF qv = hn::LoadU(df, q + j * hd + i);
-        a0[j] = hn::MulAdd(qv, x0, a0[j]);
-        a1[j] = hn::MulAdd(qv, x1, a1[j]);
-      }
-    }
-    // dots[j] and dots[4 + j]: head j's scores of the two tokens
-    VF acc[8];
-    for (int j = 0; j < 4; ++j) {
-      acc[j] = j < JB ? a0[j] : hn::Zero(df);
-      acc[4 + j] = j < JB ? a1[j] : hn::Zero(df);
-    }
-    float dots[8];
-    Sum4(acc, dots);
-    Sum4(acc + 4, dots + 4);
-    if (i < hd)  // head_dim not a multiple of the vector: the last elements one by one
-      for (int j = 0; j < JB; ++j)
-        for (int64_t e = i; e < hd; ++e) {
-          dots[j] += q[j * hd + e] * Rec<K>::elem(k0, e);
-          dots[4 + j] += q[j * hd + e] * Rec<K>::elem(k1, e);
-        }
+  VF a0[JB], a1[JB];
+  for (int j = 0; j < JB; ++j) a0[j] = a1[j] = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + N <= hd; i += N) {
+    const VF x0 = Rec<K>::load(k0, i), x1 = Rec<K>::load(k1, i);
     for (int j = 0; j < JB; ++j) {
-      s[j][t] = dots[j] * kq[t];
-      s[j][t + 1] = dots[4 + j] * kq[t + 1];
+      const VF qv = hn::LoadU(df, q + j * hd + i);
+      a0[j] = hn::MulAdd(qv, x0, a0[j]);
+      a1[j] = hn::MulAdd(qv, x1, a1[j]);
     }
   }
+  // dots[j] and dots[4 + j]: head j's scores of the two tokens
+  VF acc[8];
+  for (int j = 0; j < 4; ++j) {
+    acc[j] = j < JB ? a0[j] : hn::Zero(df);
+    acc[4 + j] = j < JB ? a1[j] : hn::Zero(df);
+  }
+  float dots[8];
+  Sum4(acc, dots);
+  Sum4(acc + 4, dots + 4);
+  if (i < hd)  // head_dim not a multiple of the vector: the last elements one by one
+    for (int j = 0; j < JB; ++j)
+      for (int64_t e = i; e < hd; ++e) {
+        dots[j] += q[j * hd + e] * Rec<K>::elem(k0, e);
+        dots[4 + j] += q[j * hd + e] * Rec<K>::elem(k1, e);
+      }
+  for (int j = 0; j < JB; ++j) {
+    d0[j] = dots[j];
+    d1[j] = dots[4 + j];
+  }
+}
+
+// One chunk's online-softmax step and value pass for JB query heads (consecutive) of one KV head: n <= T
+// tokens with scores s[j][t] (scaled; positions n .. T - 1 are set to -inf here), V records vr[t] with
+// record scales vs[t] (0 past n); o, m, l as in DecodeUnit, from the chunk's first head.
+template <KvType K, int JB>
+HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int64_t hd, float (*s)[T], float* o, float* m,
+                         float* l) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   // The online softmax: new max, the factor for what was accumulated, weights p_t x the V record scale.
   HWY_ALIGN float w[JB][T];
   float corr[JB];
@@ -211,27 +206,138 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
     }
 }
 
+// The scores of the chunk's tokens t and t + 1 (K records k0 and k1; an odd last token is paired with
+// itself, and Update sets its copy at position n to -inf) for the group query heads q of one KV head, into
+// rows s[0 .. group).
 template <KvType K>
-void Heads(const DecodeUnit& u) {
-  const int64_t hd = u.head_dim, hb = u.head_bytes;
-  // int4: the chunk's records decoded to fp32 (scale included) and read as fp32 records.
+HWY_INLINE void ScoreHeads(const uint8_t* k0, const uint8_t* k1, int64_t t, int64_t hd, int64_t group, const float* q, float qk,
+                           float (*s)[T]) {
+  const float kq0 = Rec<K>::scale(k0, hd) * qk, kq1 = Rec<K>::scale(k1, hd) * qk;
+  for (int64_t j = 0; j < group; j += kJB) {
+    float d0[kJB], d1[kJB];
+    const int jb = static_cast<int>(std::min<int64_t>(kJB, group - j));
+    switch (jb) {
+      case 1: ScorePair<K, 1>(k0, k1, hd, q + j * hd, d0, d1); break;
+      case 2: ScorePair<K, 2>(k0, k1, hd, q + j * hd, d0, d1); break;
+      case 3: ScorePair<K, 3>(k0, k1, hd, q + j * hd, d0, d1); break;
+      default: ScorePair<K, 4>(k0, k1, hd, q + j * hd, d0, d1); break;
+    }
+    for (int b = 0; b < jb; ++b) {
+      s[j + b][t] = d0[b] * kq0;
+      s[j + b][t + 1] = d1[b] * kq1;
+    }
+  }
+}
+
+// The softmax step and value pass of one chunk for every query head of KV head g (scores s[0 .. group)).
+template <KvType K>
+HWY_INLINE void UpdateHeads(const DecodeUnit& u, const uint8_t* const* vr, const float* vs, int64_t n, int64_t g,
+                            float (*s)[T]) {
+  for (int64_t j = 0; j < u.group; j += kJB) {
+    const int64_t h = g * u.group + j;
+    float* o = u.o + h * u.head_dim;
+    switch (std::min<int64_t>(kJB, u.group - j)) {
+      case 1: Update<K, 1>(vr, vs, n, u.head_dim, s + j, o, u.m + h, u.l + h); break;
+      case 2: Update<K, 2>(vr, vs, n, u.head_dim, s + j, o, u.m + h, u.l + h); break;
+      case 3: Update<K, 3>(vr, vs, n, u.head_dim, s + j, o, u.m + h, u.l + h); break;
+      default: Update<K, 4>(vr, vs, n, u.head_dim, s + j, o, u.m + h, u.l + h); break;
+    }
+  }
+}
+
+HWY_INLINE void StartHeads(const DecodeUnit& u) {
+  for (int64_t h = u.g0 * u.group; h < u.g1 * u.group; ++h) {
+    u.m[h] = -std::numeric_limits<float>::infinity();
+    u.l[h] = 0;
+    std::fill(u.o + h * u.head_dim, u.o + (h + 1) * u.head_dim, 0.f);
+  }
+}
+
+// Query heads whose chunk scores are kept at once (16 KB): every query head of a KV head (decode_attention
+// allows at most 256 per KV head), and ByEntry scores as many KV heads as fit per pass.
+constexpr int64_t kScoreRows = 256;
+static_assert(T % 2 == 0, "tokens are scored in pairs");
+
+// 16- and 32-bit records, whose decode is cheap next to the bytes they bring: each chunk's scores token
+// pair by token pair across the unit's KV heads, so that every token's K records are read front to back
+// (one stream per token, which the hardware prefetchers follow), then per KV head the softmax step and
+// the value pass over its V records. No software prefetch: at 32K tokens, batch 8 on a 2-core AMD EPYC
+// (Zen 2) this order took fp32 from 149-160 to 89-90 ms and bf16 from 94-100 to 72-73 ms against ByHead
+// below, and with ByHead's prefetches of the next chunk added it was slower (one thread, in DRAM).
+template <KvType K>
+void ByEntry(const DecodeUnit& u) {
+  const int64_t hd = u.head_dim, hb = u.head_bytes, G = u.group;
+  HWY_ALIGN float s[kScoreRows][T];
+  HWY_ALIGN float vs[T];
+  const uint8_t* vr[T];
+  StartHeads(u);
+  const int64_t per_pass = std::max<int64_t>(1, kScoreRows / G);  // KV heads scored per pass
+  for (int64_t c = 0; c < u.count; c += T) {
+    const int64_t n = std::min(T, u.count - c);
+    for (int64_t g0 = u.g0; g0 < u.g1; g0 += per_pass) {
+      const int64_t g1 = std::min(u.g1, g0 + per_pass);
+      for (int64_t t = 0; t < n; t += 2) {
+        const uint8_t* e0 = u.tokens[c + t];
+        const uint8_t* e1 = u.tokens[c + (t + 1 < n ? t + 1 : t)];
+        for (int64_t g = g0; g < g1; ++g)
+          ScoreHeads<K>(e0 + g * hb, e1 + g * hb, t, hd, G, u.q + g * G * hd, u.qk_scale[g], s + (g - g0) * G);
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        for (int64_t t = 0; t < T; ++t) {
+          vr[t] = t < n ? u.tokens[c + t] + (u.kv_heads + g) * hb : nullptr;
+          vs[t] = t < n ? Rec<K>::scale(vr[t], hd) : 0.f;
+        }
+        UpdateHeads<K>(u, vr, vs, n, g, s + (g - g0) * G);
+      }
+    }
+  }
+}
+
+// One chunk of one KV head for JB query heads (consecutive, q: JB x head_dim) in ByHead's order: n <= T
+// tokens whose K and V records are kr[t] and vr[t], with record scales ks[t] and vs[t]; the score loop
+// prefetches the npf records pf (hb bytes each), four per pair of tokens scored, into L2.
+template <KvType K, int JB>
+HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, const float* ks, const float* vs, int64_t n,
+                        int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
+                        int64_t npf, int64_t hb) {
+  HWY_ALIGN float s[JB][T];
+  for (int64_t t = 0; t < n; t += 2) {
+    for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
+      for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(pf[f] + b, 0, 2);  // to L2, not L1
+    const int64_t t1 = t + 1 < n ? t + 1 : t;  // an odd last token paired with itself (Update drops the copy)
+    float d0[JB], d1[JB];
+    ScorePair<K, JB>(kr[t], kr[t1], hd, q, d0, d1);
+    for (int j = 0; j < JB; ++j) {
+      s[j][t] = d0[j] * (ks[t] * qk);
+      s[j][t + 1] = d1[j] * (ks[t1] * qk);
+    }
+  }
+  Update<K, JB>(vr, vs, n, hd, s, o, m, l);
+}
+
+// 8- and 4-bit records, whose decode costs more arithmetic per byte: chunk by chunk, every KV head of the
+// unit for each chunk, each head's scores, softmax step and value pass together, while the score loop
+// prefetches the next chunk's records of the same KV head into L2, two tokens at a time (at 32K tokens,
+// batch 8: int8 2x faster than the hardware prefetchers alone on an AVX-512 AMD EPYC; on the Zen 2 one,
+// ByEntry's order took int8 from 67 to 79 ms). Prefetched into L1 (hwy::Prefetch, T0), the next chunk
+// evicted the one being worked on and the queries. int4 records are decoded to fp32 tiles (scale
+// included) and read as fp32 records.
+template <KvType K>
+void ByHead(const DecodeUnit& u) {
+  const int64_t hd = u.head_dim, hb = u.head_bytes, G = u.group;
   constexpr bool kTile = K == KvType::int4;
   constexpr KvType R = kTile ? KvType::f32 : K;
   HWY_ALIGN float ktile[kTile ? T : 1][kTile ? 256 : 1], vtile[kTile ? T : 1][kTile ? 256 : 1];
   HWY_ALIGN float ks[T], vs[T];
   const uint8_t *kr[T], *vr[T];
-  for (int64_t h = u.g0 * u.group; h < u.g1 * u.group; ++h) {
-    u.m[h] = -std::numeric_limits<float>::infinity();
-    u.l[h] = 0;
-    std::fill(u.o + h * hd, u.o + (h + 1) * hd, 0.f);
-  }
-  // Chunk by chunk, every KV head of the unit for each chunk: a chunk's entries stay in the cache while
-  // its heads are worked on.
+  StartHeads(u);
   for (int64_t c = 0; c < u.count; c += T) {
     const int64_t n = std::min(T, u.count - c);
     for (int64_t g = u.g0; g < u.g1; ++g) {
-      const int64_t h0 = g * u.group, koff = g * hb, voff = (u.kv_heads + g) * hb;
+      const int64_t koff = g * hb, voff = (u.kv_heads + g) * hb;
       for (int64_t t = 0; t < T; ++t) {
+        kr[t] = vr[t] = nullptr;
+        ks[t] = vs[t] = 0.f;
         if (t < n) {
           kr[t] = u.tokens[c + t] + koff;
           vr[t] = u.tokens[c + t] + voff;
@@ -243,26 +349,25 @@ void Heads(const DecodeUnit& u) {
           }
           ks[t] = Rec<R>::scale(kr[t], hd);
           vs[t] = Rec<R>::scale(vr[t], hd);
-        } else {
-          ks[t] = vs[t] = 0;
         }
       }
-      // The next chunk's records of this head, prefetched two tokens at a time by the score loop.
+      // The next chunk's records of this head, two tokens' K and V per pair of tokens scored.
       const uint8_t* pf[2 * T];
       int64_t npf = 0;
       for (int64_t t = c + T; t < std::min(c + 2 * T, u.count); ++t) {
         pf[npf++] = u.tokens[t] + koff;
         pf[npf++] = u.tokens[t] + voff;
       }
-      for (int64_t j = 0; j < u.group; j += kJB) {
-        const int64_t h = h0 + j;
+      for (int64_t j = 0; j < G; j += kJB) {
+        const int64_t h = g * G + j;
         const float* q = u.q + h * hd;
         float* o = u.o + h * hd;
-        switch (std::min<int64_t>(kJB, u.group - j)) {
-          case 1: Chunk<R, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
-          case 2: Chunk<R, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
-          case 3: Chunk<R, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
-          default: Chunk<R, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, j == 0 ? npf : 0, hb); break;
+        const int64_t np = j == 0 ? npf : 0;  // the first block of query heads prefetches
+        switch (std::min<int64_t>(kJB, G - j)) {
+          case 1: Chunk<R, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          case 2: Chunk<R, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          case 3: Chunk<R, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          default: Chunk<R, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
         }
       }
     }
@@ -271,14 +376,14 @@ void Heads(const DecodeUnit& u) {
 
 void DecodeUnitImpl(const DecodeUnit& u) {
   switch (u.type) {
-    case KvType::f32: return Heads<KvType::f32>(u);
-    case KvType::bf16: return Heads<KvType::bf16>(u);
-    case KvType::f16: return Heads<KvType::f16>(u);
-    case KvType::int8: return Heads<KvType::int8>(u);
-    case KvType::fp8_e4m3: return Heads<KvType::fp8_e4m3>(u);
-    case KvType::fp8_e4m3_static: return Heads<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
-    case KvType::int4: return Heads<KvType::int4>(u);
-    case KvType::int4_smooth: return Heads<KvType::int4>(u);  // int4 records; the caller smooths the queries
+    case KvType::f32: return ByEntry<KvType::f32>(u);
+    case KvType::bf16: return ByEntry<KvType::bf16>(u);
+    case KvType::f16: return ByEntry<KvType::f16>(u);
+    case KvType::int8: return ByHead<KvType::int8>(u);
+    case KvType::fp8_e4m3: return ByHead<KvType::fp8_e4m3>(u);
+    case KvType::fp8_e4m3_static: return ByHead<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
+    case KvType::int4: return ByHead<KvType::int4>(u);
+    case KvType::int4_smooth: return ByHead<KvType::int4>(u);  // int4 records; the caller smooths the queries
   }
 }
 

@@ -2,17 +2,19 @@
 // dispatched at run time to the best one this CPU supports (common/simd/targets.hpp restricts it).
 //
 // One call is one work unit of decode_attention (decode_attention.hpp): a run of one request's tokens
-// (a split of its context), for a range of its KV heads. The tokens go in chunks of kDecodeChunk, and for
-// each chunk every KV head of the unit (so that the chunk's entries are read while they are in the
-// cache): the chunk's scores for every query head of the group (two tokens x up to four query heads of
-// register-blocked dot products, each K record decoded in registers once for all of them, the lane sums
-// of four products at a time), one online-softmax step per query head (vector exp: tile_math.hpp's
-// exp_approx step for step), then the chunk's values added into the output (several vectors of output
-// columns held in registers across the chunk, each V record decoded once for the query heads). Per-record
-// scales (int8, fp8-e4m3) multiply the scores and the softmax weights, not the elements; int4 records are
-// decoded to fp32 first. The score loop prefetches the next chunk's records of the same KV head into L2,
-// two tokens at a time (at 32K tokens, batch 8: fp32 2x and int8 2x faster than the hardware prefetchers
-// alone).
+// (a split of its context), for a range of its KV heads. The tokens go in chunks of kDecodeChunk. Per
+// chunk and query head: the scores (two tokens x up to four query heads of register-blocked dot products,
+// each K record decoded in registers once for all of them, the lane sums of four products at a time), one
+// online-softmax step (vector exp: tile_math.hpp's exp_approx step for step), then the chunk's values
+// added into the output (several vectors of output columns held in registers across the chunk, each V
+// record decoded once for the query heads). Per-record scales (int8, fp8-e4m3) multiply the scores and
+// the softmax weights, not the elements; int4 records are decoded to fp32 first.
+// The order in which a chunk's records are read depends on the storage type. fp32, bf16 and fp16 score
+// token pair by token pair across the unit's KV heads (each token's K records read front to back, a
+// stream the hardware prefetchers follow), then run the softmax and value pass KV head by KV head. The
+// 8- and 4-bit types, whose decode costs more arithmetic per byte, work KV head by KV head (scores,
+// softmax and values together) while the score loop prefetches the next chunk's records of the same KV
+// head into L2. Every score and sum is the same in both orders.
 #pragma once
 
 #include <cstdint>
