@@ -109,15 +109,6 @@ struct KvShape {
 // V, head) and matters to fp8-e4m3-static and int4-smooth only.
 void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, RecordScales sc = {});
 void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, RecordScales sc = {});
-// decode_head of an int4 record (also called by the SIMD kernels, which decode int4 to fp32 first).
-inline void decode_int4_head(const uint8_t* r, int64_t head_dim, float* x) {
-  float s;
-  std::memcpy(&s, r + head_dim / 2, 4);
-  for (int64_t i = 0; i < head_dim / 2; ++i) {
-    x[2 * i] = s * static_cast<float>((r[i] & 15) - 8);
-    x[2 * i + 1] = s * static_cast<float>((r[i] >> 4) - 8);
-  }
-}
 
 class KvCache {
  public:

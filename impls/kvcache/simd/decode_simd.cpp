@@ -43,6 +43,47 @@ constexpr int kJB = 4;  // query heads per register block
 
 // A head record of storage type K: Lanes(DF) elements from element i as fp32 (unscaled), one element, and
 // the record's own scale (1 where the type has none, or a static one the caller folds in).
+// Elements i .. i + Lanes - 1 (i a multiple of Lanes) of an int4 record's codes, less 8, as exact floats:
+// element 2j is the low nibble of byte j, 2j + 1 the high one. The Lanes / 2 bytes, copied into every 64-bit
+// lane, go one to each pair of 32-bit lanes by a byte shuffle (within each 128-bit block); an even lane
+// keeps the low nibble ORed into the mantissa of 2^23, an odd lane the high nibble in bits 4..7 under the
+// exponent of 2^19, where those bits weigh 1, and one subtraction of 2^23 + 8 or 2^19 + 8 leaves q - 8. Only
+// the element's own bytes are read (the last vector of a record ends at its codes).
+HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
+  const DF df;
+#if HWY_TARGET == HWY_SCALAR
+  const int code = (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15;
+  return hn::Set(df, static_cast<float>(code - 8));
+#else
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df));
+  static_assert(N >= 4 && N <= 16, "one to four 128-bit blocks of floats");
+  const hn::Repartition<uint64_t, DF> d64;
+  const hn::Repartition<uint8_t, DF> d8;
+  const hn::RebindToUnsigned<DF> du;
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, r + i / 2, N / 2);
+  // Byte j / 2 into the low byte of 32-bit lane j, zeros above (index bit 7 set).
+  alignas(64) static constexpr uint8_t kIdx[64] = {
+      0, 128, 128, 128, 0, 128, 128, 128, 1, 128, 128, 128, 1, 128, 128, 128,
+      2, 128, 128, 128, 2, 128, 128, 128, 3, 128, 128, 128, 3, 128, 128, 128,
+      4, 128, 128, 128, 4, 128, 128, 128, 5, 128, 128, 128, 5, 128, 128, 128,
+      6, 128, 128, 128, 6, 128, 128, 128, 7, 128, 128, 128, 7, 128, 128, 128};
+  alignas(64) static constexpr uint32_t kMask[16] = {0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0,
+                                                     0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0};
+  alignas(64) static constexpr uint32_t kExp[16] = {0x4B000000, 0x49000000, 0x4B000000, 0x49000000, 0x4B000000, 0x49000000,
+                                                    0x4B000000, 0x49000000, 0x4B000000, 0x49000000, 0x4B000000, 0x49000000,
+                                                    0x4B000000, 0x49000000, 0x4B000000, 0x49000000};
+  alignas(64) static constexpr float kZero[16] = {0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8,
+                                                  0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8,
+                                                  0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8};
+  // Lane j's byte j / 2 is byte 2b + k / 2 of block b = j / 4 (k = j % 4), which holds all the bytes.
+  const auto src = hn::BitCast(d8, hn::Set(d64, bytes));
+  const auto lanes = hn::BitCast(du, hn::TableLookupBytesOr0(src, hn::Load(d8, kIdx)));
+  const auto bits = hn::OrAnd(hn::Load(du, kExp), lanes, hn::Load(du, kMask));
+  return hn::Sub(hn::BitCast(df, bits), hn::Load(df, kZero));
+#endif
+}
+
 template <KvType K>
 struct Rec {
   static HWY_INLINE VF load(const uint8_t* r, int64_t i) {
@@ -56,6 +97,7 @@ struct Rec {
     }
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
+    else if constexpr (K == KvType::int4) return Int4(r, i);
     // Per-record fp8 codes are never NaN (encode_head: a non-finite input makes the record's scale NaN and
     // its codes 0); static-scale records keep a NaN input's NaN code.
     else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, K == KvType::fp8_e4m3_static>(r + i);
@@ -71,14 +113,16 @@ struct Rec {
       return K == KvType::bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
     } else if constexpr (K == KvType::int8) {
       return static_cast<float>(static_cast<int8_t>(r[i]));
+    } else if constexpr (K == KvType::int4) {
+      return static_cast<float>(static_cast<int>((i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15) - 8);
     } else {
       return quant::fp8_e4m3_decode(r[i]);
     }
   }
   static HWY_INLINE float scale(const uint8_t* r, int64_t hd) {
-    if constexpr (K == KvType::int8 || K == KvType::fp8_e4m3) {
+    if constexpr (K == KvType::int8 || K == KvType::fp8_e4m3 || K == KvType::int4) {
       float s;
-      std::memcpy(&s, r + hd, 4);
+      std::memcpy(&s, r + (K == KvType::int4 ? hd / 2 : hd), 4);
       return s;
     } else {
       return 1.f;
@@ -320,14 +364,10 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
 // prefetches the next chunk's records of the same KV head into L2, two tokens at a time (at 32K tokens,
 // batch 8: int8 2x faster than the hardware prefetchers alone on an AVX-512 AMD EPYC; on the Zen 2 one,
 // ByEntry's order took int8 from 67 to 79 ms). Prefetched into L1 (hwy::Prefetch, T0), the next chunk
-// evicted the one being worked on and the queries. int4 records are decoded to fp32 tiles (scale
-// included) and read as fp32 records.
+// evicted the one being worked on and the queries.
 template <KvType K>
 void ByHead(const DecodeUnit& u) {
   const int64_t hd = u.head_dim, hb = u.head_bytes, G = u.group;
-  constexpr bool kTile = K == KvType::int4;
-  constexpr KvType R = kTile ? KvType::f32 : K;
-  HWY_ALIGN float ktile[kTile ? T : 1][kTile ? 256 : 1], vtile[kTile ? T : 1][kTile ? 256 : 1];
   HWY_ALIGN float ks[T], vs[T];
   const uint8_t *kr[T], *vr[T];
   StartHeads(u);
@@ -341,14 +381,8 @@ void ByHead(const DecodeUnit& u) {
         if (t < n) {
           kr[t] = u.tokens[c + t] + koff;
           vr[t] = u.tokens[c + t] + voff;
-          if constexpr (kTile) {
-            decode_int4_head(kr[t], hd, ktile[t]);
-            decode_int4_head(vr[t], hd, vtile[t]);
-            kr[t] = reinterpret_cast<const uint8_t*>(ktile[t]);
-            vr[t] = reinterpret_cast<const uint8_t*>(vtile[t]);
-          }
-          ks[t] = Rec<R>::scale(kr[t], hd);
-          vs[t] = Rec<R>::scale(vr[t], hd);
+          ks[t] = Rec<K>::scale(kr[t], hd);
+          vs[t] = Rec<K>::scale(vr[t], hd);
         }
       }
       // The next chunk's records of this head, two tokens' K and V per pair of tokens scored.
@@ -364,10 +398,10 @@ void ByHead(const DecodeUnit& u) {
         float* o = u.o + h * hd;
         const int64_t np = j == 0 ? npf : 0;  // the first block of query heads prefetches
         switch (std::min<int64_t>(kJB, G - j)) {
-          case 1: Chunk<R, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
-          case 2: Chunk<R, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
-          case 3: Chunk<R, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
-          default: Chunk<R, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          case 1: Chunk<K, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          case 2: Chunk<K, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          case 3: Chunk<K, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          default: Chunk<K, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
         }
       }
     }
