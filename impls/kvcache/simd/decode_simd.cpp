@@ -19,6 +19,7 @@
 
 #include "common/dtype.hpp"
 #include "impls/attention/tile_math.hpp"
+#include "impls/kvcache/record.hpp"
 #include "impls/kvcache/simd/decode_simd.hpp"
 #include "impls/quant/formats.hpp"
 
@@ -41,8 +42,6 @@ constexpr int kDB = 2;
 #endif
 constexpr int kJB = 4;  // query heads per register block
 
-// A head record of storage type K: Lanes(DF) elements from element i as fp32 (unscaled), one element, and
-// the record's own scale (1 where the type has none, or a static one the caller folds in).
 // Elements i .. i + Lanes - 1 (i a multiple of Lanes) of an int4 record's codes, less 8, as exact floats:
 // element 2j is the low nibble of byte j, 2j + 1 the high one. The Lanes / 2 bytes, copied into every 64-bit
 // lane, go one to each pair of 32-bit lanes by a byte shuffle (within each 128-bit block); an even lane
@@ -52,8 +51,7 @@ constexpr int kJB = 4;  // query heads per register block
 HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
   const DF df;
 #if HWY_TARGET == HWY_SCALAR
-  const int code = (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15;
-  return hn::Set(df, static_cast<float>(code - 8));
+  return hn::Set(df, code_value(KvType::int4, record_code(KvType::int4, r, i)));
 #else
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df));
   static_assert(N >= 4 && N <= 16, "one to four 128-bit blocks of floats");
@@ -84,6 +82,8 @@ HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
 #endif
 }
 
+// A head record of storage type K: Lanes(DF) elements from element i as fp32 (unscaled), one element, and
+// the record's own scale (1 where the type has none, or a static one the caller folds in).
 template <KvType K>
 struct Rec {
   static HWY_INLINE VF load(const uint8_t* r, int64_t i) {
@@ -114,7 +114,7 @@ struct Rec {
     } else if constexpr (K == KvType::int8) {
       return static_cast<float>(static_cast<int8_t>(r[i]));
     } else if constexpr (K == KvType::int4) {
-      return static_cast<float>(static_cast<int>((i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15) - 8);
+      return code_value(K, record_code(K, r, i));
     } else {
       return quant::fp8_e4m3_decode(r[i]);
     }
