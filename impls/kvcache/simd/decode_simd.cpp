@@ -345,15 +345,17 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
                         int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
                         int64_t npf, int64_t hb) {
   HWY_ALIGN float s[JB][T];
+  HWY_ALIGN float kq[T];  // a token's score factor: its record scale x 1 / sqrt(head_dim)
+  for (int64_t t = 0; t < T; ++t) kq[t] = ks[t] * qk;
   for (int64_t t = 0; t < n; t += 2) {
     for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
       for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(pf[f] + b, 0, 2);  // to L2, not L1
-    const int64_t t1 = t + 1 < n ? t + 1 : t;  // an odd last token paired with itself (Update drops the copy)
+    // An odd last token is paired with itself; its copy lands at position n, which Update sets to -inf.
     float d0[JB], d1[JB];
-    ScorePair<K, JB>(kr[t], kr[t1], hd, q, d0, d1);
+    ScorePair<K, JB>(kr[t], kr[t + 1 < n ? t + 1 : t], hd, q, d0, d1);
     for (int j = 0; j < JB; ++j) {
-      s[j][t] = d0[j] * (ks[t] * qk);
-      s[j][t + 1] = d1[j] * (ks[t1] * qk);
+      s[j][t] = d0[j] * kq[t];
+      s[j][t + 1] = d1[j] * kq[t + 1];
     }
   }
   Update<K, JB>(vr, vs, n, hd, s, o, m, l);
