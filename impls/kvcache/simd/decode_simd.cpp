@@ -51,7 +51,7 @@ constexpr int kJB = 4;  // query heads per register block
 HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
   const DF df;
 #if HWY_TARGET == HWY_SCALAR
-  return hn::Set(df, code_value(KvType::int4, record_code(KvType::int4, r, i)));
+  return hn::Set(df, record_value(KvType::int4, r, i));
 #else
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df));
   static_assert(N >= 4 && N <= 16, "one to four 128-bit blocks of floats");
@@ -102,32 +102,8 @@ struct Rec {
     // its codes 0); static-scale records keep a NaN input's NaN code.
     else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, K == KvType::fp8_e4m3_static>(r + i);
   }
-  static HWY_INLINE float elem(const uint8_t* r, int64_t i) {
-    if constexpr (K == KvType::f32) {
-      float x;
-      std::memcpy(&x, r + 4 * i, 4);
-      return x;
-    } else if constexpr (K == KvType::bf16 || K == KvType::f16) {
-      uint16_t b;
-      std::memcpy(&b, r + 2 * i, 2);
-      return K == KvType::bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
-    } else if constexpr (K == KvType::int8) {
-      return static_cast<float>(static_cast<int8_t>(r[i]));
-    } else if constexpr (K == KvType::int4) {
-      return code_value(K, record_code(K, r, i));
-    } else {
-      return quant::fp8_e4m3_decode(r[i]);
-    }
-  }
-  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) {
-    if constexpr (K == KvType::int8 || K == KvType::fp8_e4m3 || K == KvType::int4) {
-      float s;
-      std::memcpy(&s, r + (K == KvType::int4 ? hd / 2 : hd), 4);
-      return s;
-    } else {
-      return 1.f;
-    }
-  }
+  static HWY_INLINE float elem(const uint8_t* r, int64_t i) { return record_value(K, r, i); }
+  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return record_scale(K, r, hd); }
 };
 
 // The lane sums of four vectors at once, out[k] = sum of v[k]'s lanes: two interleave-and-add steps
