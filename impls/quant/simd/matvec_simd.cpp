@@ -75,42 +75,112 @@ HWY_INLINE void decode4(const uint8_t* p, VF zlo, VF zhi, const float* table, VF
   }
 }
 
+// stored_params with the format known at compile time and fp16 scales converted by the target (F16C where
+// present): the same values, without the format switch and the software conversion in the kernels' per-group
+// loops (nf4-dq's absmax and fp8's scale through stored_params).
+template <Format F>
+HWY_INLINE GroupParams group_params(const QLayout& L, const uint8_t* blob, int64_t r, int64_t g) {
+  if constexpr (F == Format::int8) return GroupParams{scale_f16(blob + L.scales.offset + 2 * r), 0.f};
+  if constexpr (F == Format::int4 || F == Format::int4_asym) {
+    const uint8_t* zeros = blob + L.zeros.offset + r * L.zero_row_bytes;
+    return GroupParams{scale_f16(blob + L.scales.offset + 2 * (r * L.groups_per_row + g)),
+                       F == Format::int4 ? 8.f : static_cast<float>(nibble(zeros, g))};
+  }
+  if constexpr (F == Format::nf4)
+    if (!L.spec.double_quant) return GroupParams{load_bytes<float>(blob + L.scales.offset + 4 * (r * L.groups_per_row + g)), 0.f};
+  return stored_params(L, blob, r, g);
+}
+
 template <Format F>
 HWY_INLINE float unscaled(const uint8_t* row, int64_t k, float zero) {
   return decode_value(F, four_bit(F) ? nibble(row, k) : row[k], 1.f, zero);
 }
 
-// 4-bit formats whose groups are whole chunks of 2 V columns: x is copied once per tile of columns (per
-// thread, on the stack) with each chunk's even elements first and its odd ones after, so that the low and
-// the high nibbles of V code bytes meet their x values with plain loads.
+// nf4 by byte planes, a decode without lane-crossing lookups (on AVX2 the 16-entry table takes two vpermps
+// and a blend per vector): the 2 V code bytes at p give 4 V elements in f[0 .. 3]. The low nibbles fill the
+// lower half of an index vector, the high nibbles the upper half; four in-block byte lookups, one per byte
+// of the code values' float bits, and two rounds of in-block interleaves assemble the floats. Lane l of f[i]
+// is index byte 16 (l / 4) + 4 i + l % 4 (plane_element gives its element).
+struct Nf4Planes {
+  HWY_ALIGN uint8_t b[4][64];  // byte j of nf4_code(i) at [j][16 c + i], the 16 bytes repeated per 128-bit block
+  Nf4Planes() {
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t bits = detail::float_as_bits(nf4_code(i));
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 4; ++c) b[j][16 * c + i] = static_cast<uint8_t>(bits >> (8 * j));
+    }
+  }
+};
+constexpr bool kNf4Planes = HWY_TARGET != HWY_SCALAR;
+
+HWY_INLINE int64_t plane_element(int64_t V, int64_t i, int64_t l) {
+  const int64_t p = 16 * (l / 4) + 4 * i + l % 4;
+  return p < 2 * V ? 2 * p : 2 * (p - 2 * V) + 1;
+}
+
+#if HWY_TARGET != HWY_SCALAR
+HWY_INLINE void nf4_planes(const uint8_t* p, const Nf4Planes& t, VF f[4]) {
+  const DF df;
+  const hn::Repartition<uint8_t, DF> d8;
+  const hn::Half<decltype(d8)> dh;
+  const hn::Repartition<uint16_t, DF> d16;
+  const auto c = hn::LoadU(dh, p);
+  const auto idx = hn::Combine(d8, hn::ShiftRight<4>(c), hn::And(c, hn::Set(dh, uint8_t{0x0F})));
+  const auto b0 = hn::TableLookupBytes(hn::Load(d8, t.b[0]), idx), b1 = hn::TableLookupBytes(hn::Load(d8, t.b[1]), idx);
+  const auto b2 = hn::TableLookupBytes(hn::Load(d8, t.b[2]), idx), b3 = hn::TableLookupBytes(hn::Load(d8, t.b[3]), idx);
+  const auto lo01 = hn::BitCast(d16, hn::InterleaveLower(d8, b0, b1)), hi01 = hn::BitCast(d16, hn::InterleaveUpper(d8, b0, b1));
+  const auto lo23 = hn::BitCast(d16, hn::InterleaveLower(d8, b2, b3)), hi23 = hn::BitCast(d16, hn::InterleaveUpper(d8, b2, b3));
+  f[0] = hn::BitCast(df, hn::InterleaveLower(d16, lo01, lo23));
+  f[1] = hn::BitCast(df, hn::InterleaveUpper(d16, lo01, lo23));
+  f[2] = hn::BitCast(df, hn::InterleaveLower(d16, hi01, hi23));
+  f[3] = hn::BitCast(df, hn::InterleaveUpper(d16, hi01, hi23));
+}
+#endif
+
+// 4-bit formats whose groups are whole chunks (2 V columns; nf4 by planes: 4 V): x is copied once per tile of
+// columns (per thread, on the stack) in the order in which the decode gives each chunk's elements (each
+// chunk's even elements first and its odd ones after; nf4: plane_element's order), so that they meet their
+// x values with plain loads.
 constexpr int64_t kTile = 4096;
+
+template <Format F>
+constexpr bool kByPlanes = F == Format::nf4 && kNf4Planes;
+template <Format F>
+HWY_INLINE int64_t permuted_chunk() {
+  return (kByPlanes<F> ? 4 : 2) * static_cast<int64_t>(hn::Lanes(DF()));
+}
 
 template <Format F>
 void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
   const DF df;
   const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
-  // Columns in whole groups, and the last partial group's whole chunks of 2 V columns too (SmolLM2's 576
-  // columns in groups of 128 end in a group of 64, an eighth of every row); what is left of a partial group
-  // goes element by element.
-  const int64_t Kt = K / G * G + (K % G) / (2 * V) * (2 * V);
+  // Columns in whole groups, and the last partial group's whole chunks too (SmolLM2's 576 columns in groups
+  // of 128 end in a group of 64, an eighth of every row); what is left of a partial group goes element by
+  // element.
+  const int64_t C = permuted_chunk<F>(), Kt = K / G * G + (K % G) / C * C;
   const Nf4Table nf4;
   const float* table = nf4.v;
+  const Nf4Planes planes;
   rows_per_thread(N, [&](int64_t r0, int64_t r1) {
     HWY_ALIGN float xp[kTile];
     for (int64_t r = r0; r < r1; ++r) y[r] = 0.f;
     for (int64_t c0 = 0; c0 < Kt && r0 < r1; c0 += kTile) {
       const int64_t c1 = std::min(Kt, c0 + kTile);
-      for (int64_t c = c0; c < c1; c += 2 * V)
+      for (int64_t c = c0; c < c1; c += C)
         for (int64_t j = 0; j < V; ++j) {
-          xp[c - c0 + j] = x[c + 2 * j];
-          xp[c - c0 + V + j] = x[c + 2 * j + 1];
+          if constexpr (kByPlanes<F>) {
+            for (int64_t i = 0; i < 4; ++i) xp[c - c0 + i * V + j] = x[c + plane_element(V, i, j)];
+          } else {
+            xp[c - c0 + j] = x[c + 2 * j];
+            xp[c - c0 + V + j] = x[c + 2 * j + 1];
+          }
         }
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
         VF acc = hn::Zero(df);
         for (int64_t g = c0 / G; g * G < c1; ++g) {
           const int64_t ge = std::min((g + 1) * G, c1);  // the group's end (a partial last group: c1)
-          const GroupParams p = stored_params(L, blob, r, g);
+          const GroupParams p = group_params<F>(L, blob, r, g);
           const VF zl = zero_lo(p.zero), zh = zero_hi(p.zero);
           // Four accumulators: the fma latency, not the decode, bounds two dependency chains.
           VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
@@ -118,14 +188,23 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
           for (; k + 4 * V <= ge; k += 4 * V) {
             if ((k & 127) == 0) hwy::Prefetch(row + k / 2 + kPrefetchBytes);
             VF ue, uo, ue2, uo2;
-            decode4<F>(row + k / 2, zl, zh, table, ue, uo);
-            decode4<F>(row + k / 2 + V, zl, zh, table, ue2, uo2);
+#if HWY_TARGET != HWY_SCALAR
+            if constexpr (kByPlanes<F>) {
+              VF f[4];
+              nf4_planes(row + k / 2, planes, f);
+              ue = f[0], uo = f[1], ue2 = f[2], uo2 = f[3];
+            } else
+#endif
+            {
+              decode4<F>(row + k / 2, zl, zh, table, ue, uo);
+              decode4<F>(row + k / 2 + V, zl, zh, table, ue2, uo2);
+            }
             a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
             a1 = hn::MulAdd(uo, hn::Load(df, xp + (k - c0) + V), a1);
             a2 = hn::MulAdd(ue2, hn::Load(df, xp + (k - c0) + 2 * V), a2);
             a3 = hn::MulAdd(uo2, hn::Load(df, xp + (k - c0) + 3 * V), a3);
           }
-          for (; k < ge; k += 2 * V) {
+          for (; k < ge; k += 2 * V) {  // the chunk of 2 V columns left (not by planes: their chunks are 4 V)
             VF ue, uo;
             decode4<F>(row + k / 2, zl, zh, table, ue, uo);
             a0 = hn::MulAdd(ue, hn::Load(df, xp + (k - c0)), a0);
@@ -149,8 +228,7 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
 template <Format F>
 void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y) {
   if constexpr (four_bit(F)) {
-    const int64_t V = static_cast<int64_t>(hn::Lanes(DF()));
-    if (L.group % (2 * V) == 0 && kTile % L.group == 0 && L.cols >= L.group) return MatvecRowsPermuted<F>(L, blob, x, y);
+    if (L.group % permuted_chunk<F>() == 0 && kTile % L.group == 0 && L.cols >= L.group) return MatvecRowsPermuted<F>(L, blob, x, y);
   }
   const DF df;
   const int64_t N = L.rows, K = L.cols, G = L.group, V = static_cast<int64_t>(hn::Lanes(df));
@@ -165,7 +243,7 @@ void MatvecRowsT(const QLayout& L, const uint8_t* blob, const float* x, float* y
     float acc_s = 0.f;
     for (int64_t g = 0; g < L.groups_per_row; ++g) {
       const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
-      const GroupParams p = stored_params(L, blob, r, g);
+      const GroupParams p = group_params<F>(L, blob, r, g);
       float tail = 0.f;
       int64_t k = k0;
       VF a0 = hn::Zero(df), a1 = hn::Zero(df);
@@ -212,7 +290,7 @@ HWY_INLINE void DequantRow(const QLayout& L, const uint8_t* blob, int64_t r, int
   const uint8_t* row = blob + L.codes.offset + r * L.row_bytes;
   o -= k0;
   for (int64_t g = k0 / G; g * G < k1; ++g) {
-    const GroupParams p = stored_params(L, blob, r, g);
+    const GroupParams p = group_params<F>(L, blob, r, g);
     const int64_t e1 = std::min(k1, (g + 1) * G);
     int64_t k = std::max(k0, g * G);
     const VF s = hn::Set(df, p.scale);
