@@ -341,8 +341,8 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
 // unit for each chunk, each head's scores, softmax step and value pass together, while the score loop
 // prefetches the next chunk's records of the same KV head into L2, two tokens at a time (at 32K tokens,
 // batch 8: int8 2x faster than the hardware prefetchers alone on an AVX-512 AMD EPYC; on the Zen 2 one,
-// ByEntry's order took int8 from 67 to 79 ms). Prefetched into L1 (hwy::Prefetch, T0), the next chunk
-// evicted the one being worked on and the queries.
+// ByEntry's order took int8 from 67 to 79 ms and int4 from 70-73 to 86-88 ms). Prefetched into L1
+// (hwy::Prefetch, T0), the next chunk evicted the one being worked on and the queries.
 template <KvType K>
 void ByHead(const DecodeUnit& u) {
   const int64_t hd = u.head_dim, hb = u.head_bytes, G = u.group;
