@@ -23,6 +23,7 @@ int threads() { return openblas_get_num_threads(); }
 const char* core() { return openblas_get_corename(); }
 
 void use_the_cpus_kernels(char** argv) {
+#if defined(__x86_64__) || defined(__i386__)  // the x86 fallbacks below; other architectures keep OpenBLAS's choice
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   const std::string now = core();
   if (now != "Prescott" && now != "Core2") return;  // DYNAMIC_ARCH's fallbacks for CPUs it does not know
@@ -37,6 +38,9 @@ void use_the_cpus_kernels(char** argv) {
   setenv("OPENBLAS_CORETYPE", best, 1);
   execv("/proc/self/exe", argv);  // returns only on failure: go on with the generic kernels
   unsetenv("OPENBLAS_CORETYPE");
+#else
+  (void)argv;
+#endif
 }
 
 }  // namespace memtrade::blas

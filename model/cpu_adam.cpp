@@ -174,11 +174,19 @@ namespace memtrade::model {
 namespace detail {
 HWY_EXPORT(AdamTiles);
 HWY_EXPORT(AdamBf16Sr);
+// Dispatched from inside the namespace (a qualified name does not survive static dispatch's prefix).
+void adam_tiles(const AdamStep& s, float* p, float* m, float* v, const void* g, Elem ge, void* w, Elem we, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AdamTiles)(s, p, m, v, g, ge, w, we, n);
 }
+void adam_bf16_sr(const AdamStep& s, bf16_t* w, bf16_t* m, bf16_t* v, const bf16_t* g, int64_t n, uint64_t seed,
+                  uint64_t counter) {
+  HWY_DYNAMIC_DISPATCH(AdamBf16Sr)(s, w, m, v, g, n, seed, counter);
+}
+}  // namespace detail
 
 template <class G, class W>
 void cpu_adamw(const AdamStep& s, float* master, float* m, float* v, const G* grad, W* weights, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(detail::AdamTiles)(s, master, m, v, grad, detail::elem_of<G>(), weights, detail::elem_of<W>(), n);
+  detail::adam_tiles(s, master, m, v, grad, detail::elem_of<G>(), weights, detail::elem_of<W>(), n);
 }
 
 template <class G, class W>
@@ -193,7 +201,7 @@ void cpu_adamw_scalar(const AdamStep& s, float* master, float* m, float* v, cons
 
 void cpu_adamw_bf16_sr(const AdamStep& s, bf16_t* weights, bf16_t* m, bf16_t* v, const bf16_t* grad, int64_t n,
                        uint64_t seed, uint64_t counter) {
-  HWY_DYNAMIC_DISPATCH(detail::AdamBf16Sr)(s, weights, m, v, grad, n, seed, counter);
+  detail::adam_bf16_sr(s, weights, m, v, grad, n, seed, counter);
 }
 
 void cpu_adamw_bf16_sr_scalar(const AdamStep& s, bf16_t* weights, bf16_t* m, bf16_t* v, const bf16_t* grad,

@@ -1,9 +1,5 @@
 // Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
-// Sizeless vector types (SVE, RVV) cannot be held in arrays, which the register blocks below are: those
-// targets are left out, and such machines run the fixed-width target (NEON).
-#if (defined(__aarch64__) || defined(__riscv)) && !defined(HWY_DISABLED_TARGETS)
-#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
-#endif
+#include "common/simd/fixed_width.h"  // the register blocks below are arrays of vectors: no SVE / RVV
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "impls/kvcache/simd/decode_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -1,5 +1,6 @@
 // Compiled once per SIMD target by Highway's foreach_target (this file includes itself): a whole block's
 // rounding runs in vectors; the rest of the file is compiled once (HWY_ONCE).
+#include "common/simd/fixed_width.h"  // blocks of kActBlock elements are whole vectors: no SVE / RVV
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "impls/quant/simd/int_activations.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -79,6 +80,11 @@ HWY_AFTER_NAMESPACE();
 namespace memtrade::quant {
 namespace act {
 HWY_EXPORT(RoundMany);
+// Dispatched from inside the namespace: with one target compiled (static dispatch) the macro prefixes the
+// target's namespace to the name, which a qualified name would not survive.
+void round_many(const float* x, int64_t nb, double qmax, int16_t* q, float* scale) {
+  HWY_DYNAMIC_DISPATCH(RoundMany)(x, nb, qmax, q, scale);
+}
 }  // namespace act
 
 namespace {
@@ -125,7 +131,7 @@ double quantize_activation_block(const float* x, int64_t n, int bits, int16_t* q
 }
 
 void round_whole_blocks(const float* x, int64_t nb, int bits, int16_t* q, float* scale) {
-  HWY_DYNAMIC_DISPATCH(act::RoundMany)(x, nb, qmax_of(bits), q, scale);
+  act::round_many(x, nb, qmax_of(bits), q, scale);
 }
 
 IntActivations quantize_activations(const float* x, int64_t K, int bits) {

@@ -264,6 +264,10 @@ HWY_AFTER_NAMESPACE();
 namespace memtrade::quant {
 namespace a16 {
 HWY_EXPORT(MatvecA16);
+// Dispatched from inside the namespace (a qualified name does not survive static dispatch's prefix).
+void matvec(const QLayout& L, const uint8_t* blob, const int16_t* xq, const float* xs, const float* cs, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatvecA16)(L, blob, xq, xs, cs, y);
+}
 
 bool four_bit_order(const QLayout& L) { return L.spec.format == Format::int4 || L.spec.format == Format::int4_asym; }
 
@@ -323,7 +327,7 @@ void matvec_a16(const QLayout& L, const uint8_t* blob, const float* x, float* y,
       std::copy(xq + k0, xq + k0 + 64, pair);
       for (int64_t pos = 0; pos < 64; ++pos) xq[k0 + pos] = pair[a16_nf4_position(pos)];
     }
-  HWY_DYNAMIC_DISPATCH(a16::MatvecA16)(L, blob, xq, xs, cs, y);
+  a16::matvec(L, blob, xq, xs, cs, y);
 }
 
 }  // namespace memtrade::quant

@@ -332,6 +332,10 @@ HWY_AFTER_NAMESPACE();
 namespace memtrade::quant {
 namespace a8 {
 HWY_EXPORT(MatvecA8);
+// Dispatched from inside the namespace (a qualified name does not survive static dispatch's prefix).
+void matvec(const QLayout& L, const uint8_t* blob, const int8_t* xq, const float* xs4, const float* cs, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatvecA8)(L, blob, xq, xs4, cs, y);
+}
 }  // namespace a8
 
 std::string a8_unsupported(const QLayout& L) {
@@ -373,7 +377,7 @@ void matvec_a8(const QLayout& L, const uint8_t* blob, const float* x, float* y, 
       for (int64_t i = 0; i < kActBlock; ++i) xq[b * kActBlock + i] = static_cast<int8_t>(q[i]);
     }
   });
-  HWY_DYNAMIC_DISPATCH(a8::MatvecA8)(L, blob, xq, xs4, cs, y);
+  a8::matvec(L, blob, xq, xs4, cs, y);
 }
 
 }  // namespace memtrade::quant

@@ -1,4 +1,5 @@
 // Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+#include "common/simd/fixed_width.h"  // the register blocks below are arrays of vectors: no SVE / RVV
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "impls/quant/simd/matvec_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -97,10 +98,10 @@ HWY_INLINE float unscaled(const uint8_t* row, int64_t k, float zero) {
 }
 
 // nf4 by byte planes, a decode without lane-crossing lookups (on AVX2 the 16-entry table takes two vpermps
-// and a blend per vector): the 2 V code bytes at p give 4 V elements in f[0 .. 3]. The low nibbles fill the
+// and a blend per vector): the 2 V code bytes at p give 4 V elements in f0 .. f3. The low nibbles fill the
 // lower half of an index vector, the high nibbles the upper half; four in-block byte lookups, one per byte
 // of the code values' float bits, and two rounds of in-block interleaves assemble the floats. Lane l of f[i]
-// is index byte 16 (l / 4) + 4 i + l % 4 (plane_element gives its element).
+// (f0 .. f3) is index byte 16 (l / 4) + 4 i + l % 4 (plane_element gives its element).
 struct Nf4Planes {
   HWY_ALIGN uint8_t b[4][64];  // byte j of nf4_code(i) at [j][16 c + i], the 16 bytes repeated per 128-bit block
   Nf4Planes() {
@@ -119,7 +120,7 @@ HWY_INLINE int64_t plane_element(int64_t V, int64_t i, int64_t l) {
 }
 
 #if HWY_TARGET != HWY_SCALAR
-HWY_INLINE void nf4_planes(const uint8_t* p, const Nf4Planes& t, VF f[4]) {
+HWY_INLINE void nf4_planes(const uint8_t* p, const Nf4Planes& t, VF& f0, VF& f1, VF& f2, VF& f3) {
   const DF df;
   const hn::Repartition<uint8_t, DF> d8;
   const hn::Half<decltype(d8)> dh;
@@ -130,10 +131,10 @@ HWY_INLINE void nf4_planes(const uint8_t* p, const Nf4Planes& t, VF f[4]) {
   const auto b2 = hn::TableLookupBytes(hn::Load(d8, t.b[2]), idx), b3 = hn::TableLookupBytes(hn::Load(d8, t.b[3]), idx);
   const auto lo01 = hn::BitCast(d16, hn::InterleaveLower(d8, b0, b1)), hi01 = hn::BitCast(d16, hn::InterleaveUpper(d8, b0, b1));
   const auto lo23 = hn::BitCast(d16, hn::InterleaveLower(d8, b2, b3)), hi23 = hn::BitCast(d16, hn::InterleaveUpper(d8, b2, b3));
-  f[0] = hn::BitCast(df, hn::InterleaveLower(d16, lo01, lo23));
-  f[1] = hn::BitCast(df, hn::InterleaveUpper(d16, lo01, lo23));
-  f[2] = hn::BitCast(df, hn::InterleaveLower(d16, hi01, hi23));
-  f[3] = hn::BitCast(df, hn::InterleaveUpper(d16, hi01, hi23));
+  f0 = hn::BitCast(df, hn::InterleaveLower(d16, lo01, lo23));
+  f1 = hn::BitCast(df, hn::InterleaveUpper(d16, lo01, lo23));
+  f2 = hn::BitCast(df, hn::InterleaveLower(d16, hi01, hi23));
+  f3 = hn::BitCast(df, hn::InterleaveUpper(d16, hi01, hi23));
 }
 #endif
 
@@ -189,11 +190,9 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
             if ((k & 127) == 0) hwy::Prefetch(row + k / 2 + kPrefetchBytes);
             VF ue, uo, ue2, uo2;
 #if HWY_TARGET != HWY_SCALAR
-            if constexpr (kByPlanes<F>) {
-              VF f[4];
-              nf4_planes(row + k / 2, planes, f);
-              ue = f[0], uo = f[1], ue2 = f[2], uo2 = f[3];
-            } else
+            if constexpr (kByPlanes<F>)
+              nf4_planes(row + k / 2, planes, ue, uo, ue2, uo2);
+            else
 #endif
             {
               decode4<F>(row + k / 2, zl, zh, table, ue, uo);
