@@ -1,4 +1,5 @@
 // Compiled once per SIMD target by Highway's foreach_target (this file includes itself); see the header.
+#include "common/simd/fixed_width.h"  // no SVE / RVV: GCC 12 crashes compiling this file for SVE (aarch64, -O3)
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "impls/quant/simd/matvec_a16.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
