@@ -161,7 +161,7 @@ void MatvecRowsPermuted(const QLayout& L, const uint8_t* blob, const float* x, f
   const int64_t C = permuted_chunk<F>(), Kt = K / G * G + (K % G) / C * C;
   const Nf4Table nf4;
   const float* table = nf4.v;
-  const Nf4Planes planes;
+  static const Nf4Planes planes;  // built once, not at every call
   rows_per_thread(N, [&](int64_t r0, int64_t r1) {
     HWY_ALIGN float xp[kTile];
     for (int64_t r = r0; r < r1; ++r) y[r] = 0.f;
