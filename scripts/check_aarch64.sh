@@ -52,7 +52,11 @@ done < <(git ls-files '*.cpp')
 
 echo "check_aarch64: 2. the SIMD kernels' tests, cross-built and run under qemu"
 mkdir -p build/aarch64
-cat > build/aarch64/toolchain.cmake <<'T'
+# OpenBLAS's thread pool and OpenMP's spinning threads stall under qemu-user: one thread each. The same
+# command runs the tests below and, as CMake's emulator, their discovery at build time.
+emulator=(/usr/bin/env OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 /usr/bin/qemu-aarch64-static
+          -L /usr/aarch64-linux-gnu)
+cat > build/aarch64/toolchain.cmake <<T
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc-12)
@@ -63,16 +67,14 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
-# OpenBLAS's thread pool and OpenMP's spinning threads stall under qemu-user: one thread each.
-set(CMAKE_CROSSCOMPILING_EMULATOR /usr/bin/env;OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;/usr/bin/qemu-aarch64-static;-L;/usr/aarch64-linux-gnu)
+set(CMAKE_CROSSCOMPILING_EMULATOR $(IFS=';'; echo "${emulator[*]}"))
 T
 cmake -S . -B build/aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_TOOLCHAIN_FILE="$PWD/build/aarch64/toolchain.cmake" \
   -DMEMTRADE_CUDA=OFF -DMEMTRADE_NATIVE=OFF >/dev/null
 tests=(test_quant_kernels test_kvcache test_attention)
 cmake --build build/aarch64 --target "${tests[@]}"
 for t in "${tests[@]}"; do
-  OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 \
-    qemu-aarch64-static -L /usr/aarch64-linux-gnu "build/aarch64/tests/$t" --gtest_brief=1 || failed=1
+  "${emulator[@]}" "build/aarch64/tests/$t" --gtest_brief=1 || failed=1
 done
 [ "$failed" -eq 0 ] && echo "check_aarch64: every source compiles for aarch64 and the kernel tests pass under qemu"
 exit "$failed"
