@@ -28,14 +28,18 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr int64_t T = kDecodeChunk;
+// 16- and 32-bit records (ByEntry below), whose decode needs no constant vectors.
+template <KvType K>
+constexpr bool kWideRecord = K == KvType::f32 || K == KvType::bf16 || K == KvType::f16;
+
 // Output columns held in registers by the value pass: up to 4 query heads x kDB vectors of accumulators,
-// kDB loaded values and 4 broadcast weights: 16 + 4 + 4 of AVX-512's 32 registers, 8 + 2 + 4 of the 16
-// of AVX2 and SSE4.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-constexpr int kDB = 4;
-#else
-constexpr int kDB = 2;
-#endif
+// kDB loaded values and a broadcast weight: 16 + 4 + 1 of AVX-512's 32 registers; of the 16 of AVX2 and SSE4,
+// 12 + 3 + 1 for 16- and 32-bit records (12 FMA chains, where 8 were bound by the FMA latency; with kTB's
+// three tokens, fp32, bf16 and fp16 took 9-18% less time at 32K tokens on a 2-core AMD EPYC, Zen 2) and
+// 8 + 2 + 1 for the 8- and 4-bit ones, whose decode keeps constant vectors in registers too (with three:
+// int8 and int4 no faster, fp8 13-16% slower).
+template <KvType K>
+constexpr int kDB = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 4 : kWideRecord<K> ? 3 : 2;
 constexpr int kJB = 4;  // query heads per register block
 
 // Elements i .. i + Lanes - 1 (i a multiple of Lanes) of an int4 record's codes, less 8, as exact floats:
@@ -130,43 +134,77 @@ HWY_INLINE void Sum4(const VF* v, float* out) {
 }
 #endif
 
-// The scores of two tokens (K records k0 and k1) for JB query heads (q: JB x head_dim, consecutive):
-// d0[j] and d1[j], the dot products before any scale. Register-blocked: each K vector decoded once for
-// every head, the lane sums of four products at a time.
+// Tokens scored together: kTB tokens x up to 4 query heads of accumulators, kTB K vectors and a query
+// vector. Three tokens (12 FMA chains) on 16 registers for 16- and 32-bit records, as kDB; two elsewhere
+// (AVX-512 has not been measured with more).
+template <KvType K>
+constexpr int kTB = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 2 : kWideRecord<K> ? 3 : 2;
+
+// v kept in a register: GCC otherwise folds the load of a query vector into each of its kTB FMAs, and the
+// loop becomes bound by loads (kTB K vectors + JB x kTB query loads per JB x kTB FMAs).
+HWY_INLINE VF InRegister(VF v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  asm("" : "+v"(v.raw));
+#endif
+  return v;
+}
+
+// ScoreBlock's elements from i to head_dim, one by one (head_dim not a multiple of the vector). Not inlined:
+// the scalar conversions' zeroed source register, kept live through the vector loop, made the allocator
+// spill one of its 12 accumulators.
 template <KvType K, int JB>
-HWY_INLINE void ScorePair(const uint8_t* k0, const uint8_t* k1, int64_t hd, const float* q, float* d0, float* d1) {
+HWY_NOINLINE void ScoreTail(const uint8_t* const* k, int64_t i, int64_t hd, const float* q, float (*d)[4]) {
+  for (int b = 0; b < kTB<K>; ++b)
+    for (int j = 0; j < JB; ++j)
+      for (int64_t e = i; e < hd; ++e) d[b][j] += q[j * hd + e] * Rec<K>::elem(k[b], e);
+}
+
+// The scores of kTB<K> tokens (K records k[0 .. kTB<K>)) for JB query heads (q: JB x head_dim, consecutive):
+// d[b][j], token b's dot product with head j before any scale. Register-blocked: each K vector decoded
+// once for every head, each query vector loaded once for every token, the lane sums of four products at
+// a time.
+template <KvType K, int JB>
+HWY_INLINE void ScoreBlock(const uint8_t* const* k, int64_t hd, const float* q, float (*d)[4]) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  VF a0[JB], a1[JB];
-  for (int j = 0; j < JB; ++j) a0[j] = a1[j] = hn::Zero(df);
+  VF a[kTB<K>][JB];
+  for (int b = 0; b < kTB<K>; ++b)
+    for (int j = 0; j < JB; ++j) a[b][j] = hn::Zero(df);
   int64_t i = 0;
   for (; i + N <= hd; i += N) {
-    const VF x0 = Rec<K>::load(k0, i), x1 = Rec<K>::load(k1, i);
+    VF x[kTB<K>];
+    for (int b = 0; b < kTB<K>; ++b) x[b] = Rec<K>::load(k[b], i);
     for (int j = 0; j < JB; ++j) {
-      const VF qv = hn::LoadU(df, q + j * hd + i);
-      a0[j] = hn::MulAdd(qv, x0, a0[j]);
-      a1[j] = hn::MulAdd(qv, x1, a1[j]);
+      const VF qv = InRegister(hn::LoadU(df, q + j * hd + i));
+      for (int b = 0; b < kTB<K>; ++b) a[b][j] = hn::MulAdd(qv, x[b], a[b][j]);
     }
   }
-  // dots[j] and dots[4 + j]: head j's scores of the two tokens
-  VF acc[8];
-  for (int j = 0; j < 4; ++j) {
-    acc[j] = j < JB ? a0[j] : hn::Zero(df);
-    acc[4 + j] = j < JB ? a1[j] : hn::Zero(df);
+  for (int b = 0; b < kTB<K>; ++b) {
+    VF acc[4];
+    for (int j = 0; j < 4; ++j) acc[j] = j < JB ? a[b][j] : hn::Zero(df);
+    Sum4(acc, d[b]);
   }
-  float dots[8];
-  Sum4(acc, dots);
-  Sum4(acc + 4, dots + 4);
-  if (i < hd)  // head_dim not a multiple of the vector: the last elements one by one
-    for (int j = 0; j < JB; ++j)
-      for (int64_t e = i; e < hd; ++e) {
-        dots[j] += q[j * hd + e] * Rec<K>::elem(k0, e);
-        dots[4 + j] += q[j * hd + e] * Rec<K>::elem(k1, e);
-      }
-  for (int j = 0; j < JB; ++j) {
-    d0[j] = dots[j];
-    d1[j] = dots[4 + j];
-  }
+  if (i < hd) ScoreTail<K, JB>(k, i, hd, q, d);
+}
+
+// The records of tokens t .. t + TB - 1 of a chunk of n (rec(u): token u's record): past the last token,
+// the last again; the scores computed for them land at positions n and above, which Update sets to -inf.
+template <int TB, class Rec>
+HWY_INLINE void BlockRecords(int64_t t, int64_t n, const uint8_t** k, const Rec& rec) {
+  for (int b = 0; b < TB; ++b) k[b] = rec(std::min<int64_t>(t + b, n - 1));
+}
+
+// Update's columns from i to head_dim, one by one (head_dim not a multiple of the vector). Not inlined, as
+// ScoreTail.
+template <KvType K, int JB>
+HWY_NOINLINE void ValueTail(const uint8_t* const* vr, int64_t n, int64_t i, int64_t hd, const float* corr, const float (*w)[T],
+                            float* o) {
+  for (; i < hd; ++i)
+    for (int j = 0; j < JB; ++j) {
+      float acc = o[j * hd + i] * corr[j];
+      for (int64_t t = 0; t < n; ++t) acc += w[j][t] * Rec<K>::elem(vr[t], i);
+      o[j * hd + i] = acc;
+    }
 }
 
 // One chunk's online-softmax step and value pass for JB query heads (consecutive) of one KV head: n <= T
@@ -212,36 +250,34 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
       for (int v = 0; v < DB; ++v) hn::StoreU(acc[j][v], df, o + j * hd + i + v * N);
   };
   int64_t i = 0;
-  for (; i + kDB * N <= hd; i += kDB * N) columns(std::integral_constant<int, kDB>(), i);
-  for (; i + N <= hd; i += N) columns(std::integral_constant<int, 1>(), i);
-  for (; i < hd; ++i)
-    for (int j = 0; j < JB; ++j) {
-      float acc = o[j * hd + i] * corr[j];
-      for (int64_t t = 0; t < n; ++t) acc += w[j][t] * Rec<K>::elem(vr[t], i);
-      o[j * hd + i] = acc;
+  for (; i + kDB<K> * N <= hd; i += kDB<K> * N) columns(std::integral_constant<int, kDB<K>>(), i);
+  if constexpr (kDB<K> > 2)
+    if (i + 2 * N <= hd) {
+      columns(std::integral_constant<int, 2>(), i);
+      i += 2 * N;
     }
+  for (; i + N <= hd; i += N) columns(std::integral_constant<int, 1>(), i);
+  if (i < hd) ValueTail<K, JB>(vr, n, i, hd, corr, w, o);
 }
 
-// The scores of the chunk's tokens t and t + 1 (K records k0 and k1; an odd last token is paired with
-// itself, and Update sets its copy at position n to -inf) for the group query heads q of one KV head, into
-// rows s[0 .. group).
+// The scores of the chunk's tokens t .. t + kTB<K> - 1 (K records k[b]; see BlockRecords) for the group query
+// heads q of one KV head, into rows s[0 .. group) (positions at T and above are not kept).
 template <KvType K>
-HWY_INLINE void ScoreHeads(const uint8_t* k0, const uint8_t* k1, int64_t t, int64_t hd, int64_t group, const float* q, float qk,
+HWY_INLINE void ScoreHeads(const uint8_t* const* k, int64_t t, int64_t hd, int64_t group, const float* q, float qk,
                            float (*s)[T]) {
-  const float kq0 = Rec<K>::scale(k0, hd) * qk, kq1 = Rec<K>::scale(k1, hd) * qk;
+  float kq[kTB<K>];
+  for (int b = 0; b < kTB<K>; ++b) kq[b] = Rec<K>::scale(k[b], hd) * qk;
   for (int64_t j = 0; j < group; j += kJB) {
-    float d0[kJB], d1[kJB];
+    float d[kTB<K>][4];
     const int jb = static_cast<int>(std::min<int64_t>(kJB, group - j));
     switch (jb) {
-      case 1: ScorePair<K, 1>(k0, k1, hd, q + j * hd, d0, d1); break;
-      case 2: ScorePair<K, 2>(k0, k1, hd, q + j * hd, d0, d1); break;
-      case 3: ScorePair<K, 3>(k0, k1, hd, q + j * hd, d0, d1); break;
-      default: ScorePair<K, 4>(k0, k1, hd, q + j * hd, d0, d1); break;
+      case 1: ScoreBlock<K, 1>(k, hd, q + j * hd, d); break;
+      case 2: ScoreBlock<K, 2>(k, hd, q + j * hd, d); break;
+      case 3: ScoreBlock<K, 3>(k, hd, q + j * hd, d); break;
+      default: ScoreBlock<K, 4>(k, hd, q + j * hd, d); break;
     }
-    for (int b = 0; b < jb; ++b) {
-      s[j + b][t] = d0[b] * kq0;
-      s[j + b][t + 1] = d1[b] * kq1;
-    }
+    for (int b = 0; b < kTB<K> && t + b < T; ++b)
+      for (int c = 0; c < jb; ++c) s[j + c][t + b] = d[b][c] * kq[b];
   }
 }
 
@@ -272,10 +308,9 @@ HWY_INLINE void StartHeads(const DecodeUnit& u) {
 // Query heads whose chunk scores are kept at once (16 KB): every query head of a KV head (decode_attention
 // allows at most 256 per KV head), and ByEntry scores as many KV heads as fit per pass.
 constexpr int64_t kScoreRows = 256;
-static_assert(T % 2 == 0, "tokens are scored in pairs");
 
-// 16- and 32-bit records, whose decode is cheap next to the bytes they bring: each chunk's scores token
-// pair by token pair across the unit's KV heads, so that every token's K records are read front to back
+// 16- and 32-bit records, whose decode is cheap next to the bytes they bring: each chunk's scores block of
+// tokens by block of tokens across the unit's KV heads, so that every token's K records are read front to back
 // (one stream per token, which the hardware prefetchers follow), then per KV head the softmax step and
 // the value pass over its V records. No software prefetch: at 32K tokens, batch 8 on a 2-core AMD EPYC
 // (Zen 2) this order took fp32 from 149-160 to 89-90 ms and bf16 from 94-100 to 72-73 ms against ByHead
@@ -292,11 +327,14 @@ void ByEntry(const DecodeUnit& u) {
     const int64_t n = std::min(T, u.count - c);
     for (int64_t g0 = u.g0; g0 < u.g1; g0 += per_pass) {
       const int64_t g1 = std::min(u.g1, g0 + per_pass);
-      for (int64_t t = 0; t < n; t += 2) {
-        const uint8_t* e0 = u.tokens[c + t];
-        const uint8_t* e1 = u.tokens[c + (t + 1 < n ? t + 1 : t)];
-        for (int64_t g = g0; g < g1; ++g)
-          ScoreHeads<K>(e0 + g * hb, e1 + g * hb, t, hd, G, u.q + g * G * hd, u.qk_scale[g], s + (g - g0) * G);
+      for (int64_t t = 0; t < n; t += kTB<K>) {
+        const uint8_t* e[kTB<K>];
+        BlockRecords<kTB<K>>(t, n, e, [&](int64_t v) { return u.tokens[c + v]; });
+        for (int64_t g = g0; g < g1; ++g) {
+          const uint8_t* k[kTB<K>];
+          for (int b = 0; b < kTB<K>; ++b) k[b] = e[b] + g * hb;
+          ScoreHeads<K>(k, t, hd, G, u.q + g * G * hd, u.qk_scale[g], s + (g - g0) * G);
+        }
       }
       for (int64_t g = g0; g < g1; ++g) {
         for (int64_t t = 0; t < T; ++t) {
@@ -311,7 +349,7 @@ void ByEntry(const DecodeUnit& u) {
 
 // One chunk of one KV head for JB query heads (consecutive, q: JB x head_dim) in ByHead's order: n <= T
 // tokens whose K and V records are kr[t] and vr[t], with record scales ks[t] and vs[t]; the score loop
-// prefetches the npf records pf (hb bytes each), four per pair of tokens scored, into L2.
+// prefetches the npf records pf (hb bytes each), two per token scored, into L2.
 template <KvType K, int JB>
 HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, const float* ks, const float* vs, int64_t n,
                         int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
@@ -319,16 +357,15 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
   HWY_ALIGN float s[JB][T];
   HWY_ALIGN float kq[T];  // a token's score factor: its record scale x 1 / sqrt(head_dim)
   for (int64_t t = 0; t < T; ++t) kq[t] = ks[t] * qk;
-  for (int64_t t = 0; t < n; t += 2) {
-    for (int64_t f = 2 * t; f < std::min(2 * t + 4, npf); ++f)
+  for (int64_t t = 0; t < n; t += kTB<K>) {
+    for (int64_t f = 2 * t; f < std::min(2 * (t + kTB<K>), npf); ++f)
       for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(pf[f] + b, 0, 2);  // to L2, not L1
-    // An odd last token is paired with itself; its copy lands at position n, which Update sets to -inf.
-    float d0[JB], d1[JB];
-    ScorePair<K, JB>(kr[t], kr[t + 1 < n ? t + 1 : t], hd, q, d0, d1);
-    for (int j = 0; j < JB; ++j) {
-      s[j][t] = d0[j] * kq[t];
-      s[j][t + 1] = d1[j] * kq[t + 1];
-    }
+    const uint8_t* k[kTB<K>];
+    BlockRecords<kTB<K>>(t, n, k, [&](int64_t v) { return kr[v]; });
+    float d[kTB<K>][4];
+    ScoreBlock<K, JB>(k, hd, q, d);
+    for (int b = 0; b < kTB<K> && t + b < T; ++b)
+      for (int j = 0; j < JB; ++j) s[j][t + b] = d[b][j] * kq[t + b];
   }
   Update<K, JB>(vr, vs, n, hd, s, o, m, l);
 }
@@ -359,7 +396,7 @@ void ByHead(const DecodeUnit& u) {
           vs[t] = Rec<K>::scale(vr[t], hd);
         }
       }
-      // The next chunk's records of this head, two tokens' K and V per pair of tokens scored.
+      // The next chunk's records of this head, a token's K and V per token scored.
       const uint8_t* pf[2 * T];
       int64_t npf = 0;
       for (int64_t t = c + T; t < std::min(c + 2 * T, u.count); ++t) {

@@ -3,7 +3,7 @@
 //
 // One call is one work unit of decode_attention (decode_attention.hpp): a run of one request's tokens
 // (a split of its context), for a range of its KV heads. The tokens go in chunks of kDecodeChunk. Per
-// chunk and query head: the scores (two tokens x up to four query heads of register-blocked dot products,
+// chunk and query head: the scores (two or three tokens x up to four query heads of register-blocked dot products,
 // each K record decoded in registers once for all of them, the lane sums of four products at a time), one
 // online-softmax step (vector exp: tile_math.hpp's exp_approx step for step), then the chunk's values
 // added into the output (several vectors of output columns held in registers across the chunk, each V
@@ -11,7 +11,7 @@
 // and the softmax weights, not the elements; int4 codes are decoded in registers like the 8-bit ones (a
 // byte shuffle and a bit-pattern conversion, no fp32 copy of the record).
 // The order in which a chunk's records are read depends on the storage type. fp32, bf16 and fp16 score
-// token pair by token pair across the unit's KV heads (each token's K records read front to back, a
+// block of tokens by block of tokens across the unit's KV heads (each token's K records read front to back, a
 // stream the hardware prefetchers follow), then run the softmax and value pass KV head by KV head. The
 // 8- and 4-bit types, whose decode costs more arithmetic per byte, work KV head by KV head (scores,
 // softmax and values together) while the score loop prefetches the next chunk's records of the same KV
