@@ -16,7 +16,10 @@ passed, real time per call. Implementations (each a `peer` record; cases they do
              transformers' LlamaForCausalLM (SDPA attention, torch.optim.AdamW), from a fresh model
   cpu_adam   torch-adamw-fused, torch-adamw-foreach: torch.optim.AdamW's step over the n fp32 parameters (cold);
              with a 16-bit grad_dtype the gradient widened into fp32 first and the weights narrowed after
-Not covered: the 4- and 8-bit float formats (PyTorch has no CPU kernel for them).
+  kvcache    torch-sdpa-<backend>: one decode step (a query token per request and head; a KV head's query heads
+             folded into the query length) over the context's keys and values in the cache's dtype (fp32, bf16,
+             fp16), contiguous, cold
+Not covered: the 4- and 8-bit float formats and the quantized KV caches (PyTorch has no CPU kernel for them).
 --against prints memtrade's median time over the peer's for every case both ran. `memtrade report
 results.json peers.json` plots the peers beside memtrade's implementations. PyTorch is an optional
 dependency: scripts/install_peers.sh.
@@ -283,8 +286,38 @@ def adam_peers(torch, p, device, dtype_of):
             ("torch-adamw-foreach", make(foreach=True), {"weight_bytes": moved, "cold": True})], ""
 
 
+def kvcache_peers(torch, p, device, dtype_of):
+    """One decode step's attention over a cache: a query token per request and head against the request's
+    context of keys and values, through scaled_dot_product_attention with each SDPA backend of the device,
+    the K/V tensors in the cache's dtype, laid out as a contiguous cache is. The query heads that share a KV
+    head (GQA) are folded into the query length, [batch, kv_heads, group, head_dim]: for one decode token
+    (no mask) the same computation, without the copies of K and V per query head that enable_gqa makes on
+    the CPU. Cold, as memtrade times the kvcache suite: at a decode step the cache comes from memory."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    kv_dtype = p.get("kv_dtype", "fp32")
+    if kv_dtype not in ("fp32", "bf16", "fp16"):
+        return [], f"PyTorch has no {kv_dtype} KV cache attention kernel"
+    b, n, h, h_kv, d = p["batch"], p["context"], p["heads"], p["kv_heads"], p["head_dim"]
+    dt = dtype_of(kv_dtype)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    q = torch.randn(b, h_kv, h // h_kv, d, generator=g).to(device=device, dtype=dt)
+    k, v = (torch.randn(b, h_kv, n, d, generator=g).to(device=device, dtype=dt) for _ in range(2))
+    counters = {"flops": 4.0 * b * h * n * d, "weight_bytes": 2 * b * h_kv * n * d * k.element_size(), "cold": True}
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    if device == "cuda":
+        backends[1:1] = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    out = []
+    for be in backends:
+        def call(be=be):
+            with torch.no_grad(), sdpa_kernel(be):
+                F.scaled_dot_product_attention(q, k, v)
+        out.append(("torch-sdpa-" + be.name.lower().replace("_attention", ""), call, counters))
+    return out, ""
+
+
 PEERS = {"attention": attention_peers, "gemm": gemm_peers, "quant": quant_peers, "precision": train_peers,
-         "cpu_adam": adam_peers}
+         "cpu_adam": adam_peers, "kvcache": kvcache_peers}
 
 
 # ---------------------------------------------------------------- records
