@@ -153,8 +153,18 @@ def time_call(torch, fn, repetitions, min_time_s, sync, cold=False, gpu=False):
 
 # ---------------------------------------------------------------- the peers of each technique
 
+def sdpa_backends(device):
+    """(record name, backend) of every SDPA backend the device has: flash and math on the CPU; flash,
+    efficient, cuDNN and math on CUDA."""
+    from torch.nn.attention import SDPBackend
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    if device == "cuda":
+        backends[1:1] = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    return [("torch-sdpa-" + be.name.lower().replace("_attention", ""), be) for be in backends]
+
+
 def attention_peers(torch, p, device, dtype_of):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
     b, h, n, d = p.get("b", 1), p["h"], p["n"], p["d"]
     h_kv, n_kv = p.get("h_kv", h), p.get("n_kv", n)
@@ -168,13 +178,8 @@ def attention_peers(torch, p, device, dtype_of):
                      for shape in ((b, h, n, d), (b, h_kv, n_kv, d), (b, h_kv, n_kv, d), (b, h, n, d)))
     for t in (q, k, v):
         t.requires_grad_(backward)
-    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-    if device == "cuda":
-        backends[1:1] = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
     out = []
-    for be in backends:
-        name = "torch-sdpa-" + be.name.lower().replace("_attention", "")
-
+    for name, be in sdpa_backends(device):
         def call(be=be):
             with sdpa_kernel(be):
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=h_kv != h)
@@ -293,7 +298,7 @@ def kvcache_peers(torch, p, device, dtype_of):
     head (GQA) are folded into the query length, [batch, kv_heads, group, head_dim]: for one decode token
     (no mask) the same computation, without the copies of K and V per query head that enable_gqa makes on
     the CPU. Cold, as memtrade times the kvcache suite: at a decode step the cache comes from memory."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
     kv_dtype = p.get("kv_dtype", "fp32")
     if kv_dtype not in ("fp32", "bf16", "fp16"):
@@ -304,15 +309,12 @@ def kvcache_peers(torch, p, device, dtype_of):
     q = torch.randn(b, h_kv, h // h_kv, d, generator=g).to(device=device, dtype=dt)
     k, v = (torch.randn(b, h_kv, n, d, generator=g).to(device=device, dtype=dt) for _ in range(2))
     counters = {"flops": 4.0 * b * h * n * d, "weight_bytes": 2 * b * h_kv * n * d * k.element_size(), "cold": True}
-    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
-    if device == "cuda":
-        backends[1:1] = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
     out = []
-    for be in backends:
+    for name, be in sdpa_backends(device):
         def call(be=be):
             with torch.no_grad(), sdpa_kernel(be):
                 F.scaled_dot_product_attention(q, k, v)
-        out.append(("torch-sdpa-" + be.name.lower().replace("_attention", ""), call, counters))
+        out.append((name, call, counters))
     return out, ""
 
 
