@@ -28,7 +28,7 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr int64_t T = kDecodeChunk;
-// 16- and 32-bit records (ByEntry below), whose decode needs no constant vectors.
+// 16- and 32-bit records, whose decode needs no constant vectors: read in ByEntry's order (Decode below).
 template <KvType K>
 constexpr bool kWideRecord = K == KvType::f32 || K == KvType::bf16 || K == KvType::f16;
 
@@ -419,16 +419,23 @@ void ByHead(const DecodeUnit& u) {
   }
 }
 
+// Each storage type in its order: 16- and 32-bit records by entry, the others by head.
+template <KvType K>
+void Decode(const DecodeUnit& u) {
+  if constexpr (kWideRecord<K>) ByEntry<K>(u);
+  else ByHead<K>(u);
+}
+
 void DecodeUnitImpl(const DecodeUnit& u) {
   switch (u.type) {
-    case KvType::f32: return ByEntry<KvType::f32>(u);
-    case KvType::bf16: return ByEntry<KvType::bf16>(u);
-    case KvType::f16: return ByEntry<KvType::f16>(u);
-    case KvType::int8: return ByHead<KvType::int8>(u);
-    case KvType::fp8_e4m3: return ByHead<KvType::fp8_e4m3>(u);
-    case KvType::fp8_e4m3_static: return ByHead<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
-    case KvType::int4: return ByHead<KvType::int4>(u);
-    case KvType::int4_smooth: return ByHead<KvType::int4>(u);  // int4 records; the caller smooths the queries
+    case KvType::f32: return Decode<KvType::f32>(u);
+    case KvType::bf16: return Decode<KvType::bf16>(u);
+    case KvType::f16: return Decode<KvType::f16>(u);
+    case KvType::int8: return Decode<KvType::int8>(u);
+    case KvType::fp8_e4m3: return Decode<KvType::fp8_e4m3>(u);
+    case KvType::fp8_e4m3_static: return Decode<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
+    case KvType::int4: return Decode<KvType::int4>(u);
+    case KvType::int4_smooth: return Decode<KvType::int4>(u);  // int4 records; the caller smooths the queries
   }
 }
 
