@@ -691,11 +691,15 @@ def check_report() -> str | None:
             f"--version")
 
 
-# A stand-in for the few PyTorch calls scripts/peers.py makes on the gemm suite, in plain Python: the
-# test checks the peers file's format and how compare and report take it, not PyTorch.
-FAKE_TORCH = """
+# A stand-in for the few PyTorch calls scripts/peers.py makes on the gemm and kvcache suites, in plain
+# Python: the test checks the peers file's format, how compare and report take it, and the tensor shapes the
+# kvcache peer gives SDPA (the query heads folded into the query length per KV head), not PyTorch. A package:
+# the kvcache peer imports torch.nn.attention and torch.nn.functional.
+FAKE_TORCH = {
+    "__init__.py": """
 __version__ = "0.0-fake"
-float32 = bfloat16 = float16 = "float"
+float32, bfloat16, float16 = "float32", "bfloat16", "float16"
+from . import nn
 class backends:
     class cpu:
         get_cpu_capability = staticmethod(lambda: "none")
@@ -703,6 +707,11 @@ class cuda:
     is_available = staticmethod(lambda: False)
 def set_num_threads(n):
     pass
+class no_grad:
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return False
 class Generator:
     def __init__(self, device="cpu"):
         self.x = 1
@@ -710,25 +719,76 @@ class Generator:
         self.x = seed
         return self
 class Tensor:
-    def __init__(self, rows):
-        self.rows = rows
+    def __init__(self, shape, rows=None, dtype=float32):
+        self.shape, self.rows, self.dtype = tuple(shape), rows, dtype
     def to(self, device=None, dtype=None):
+        return Tensor(self.shape, self.rows, dtype or self.dtype)
+    def element_size(self):
+        return 4 if self.dtype == float32 else 2
+    def add_(self, v):
         return self
-def randn(n, m, generator):
+def randn(*shape, generator):
     generator.x += 1
-    return Tensor([[((generator.x * 7919 + i * 104729 + j * 1299709) % 1000) / 500.0 - 1.0 for j in range(m)]
-                   for i in range(n)])
+    if len(shape) != 2:
+        return Tensor(shape)
+    n, m = shape
+    return Tensor(shape, [[((generator.x * 7919 + i * 104729 + j * 1299709) % 1000) / 500.0 - 1.0 for j in range(m)]
+                          for i in range(n)])
+def ones(n):
+    return Tensor((n,))
 def mm(a, b):
     cols = list(zip(*b.rows))
-    return Tensor([[sum(x * y for x, y in zip(r, c)) for c in cols] for r in a.rows])
-"""
+    return Tensor((len(a.rows), len(cols)), [[sum(x * y for x, y in zip(r, c)) for c in cols] for r in a.rows])
+""",
+    "nn/__init__.py": "from . import attention, functional\n",
+    "nn/attention.py": """
+class SDPBackend:
+    def __init__(self, name):
+        self.name = name
+SDPBackend.FLASH_ATTENTION, SDPBackend.MATH = SDPBackend("FLASH_ATTENTION"), SDPBackend("MATH")
+SDPBackend.EFFICIENT_ATTENTION = SDPBackend("EFFICIENT_ATTENTION")
+SDPBackend.CUDNN_ATTENTION = SDPBackend("CUDNN_ATTENTION")
+active = []
+class sdpa_kernel:
+    def __init__(self, backend):
+        self.backend = backend
+    def __enter__(self):
+        active.append(self.backend)
+    def __exit__(self, *exc):
+        active.pop()
+        return False
+""",
+    "nn/functional.py": """
+from .attention import active
+def scaled_dot_product_attention(q, k, v):
+    # One decode token per query head, a KV head's query heads folded into the query length: q [b, h_kv,
+    # group, d] against k and v [b, h_kv, n, d] of one dtype, under a chosen backend.
+    if not active:
+        raise RuntimeError("no sdpa_kernel backend chosen")
+    if len(q.shape) != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise RuntimeError(f"shapes q {q.shape}, k {k.shape}, v {v.shape} are not one attention")
+    if not q.dtype == k.dtype == v.dtype:
+        raise RuntimeError(f"dtypes {q.dtype}, {k.dtype}, {v.dtype}")
+    return q
+""",
+}
+
+
+def fake_torch() -> Path:
+    root = path("fake_torch")
+    for name, text in FAKE_TORCH.items():
+        f = root / "torch" / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    stale = root / "torch.py"  # the one-file stand-in of earlier versions would shadow the package
+    if stale.exists():
+        stale.unlink()
+    return root
 
 
 def check_peers() -> str:
     """scripts/peers.py writes a results file with memtrade's case names that compare and report take."""
-    fake = path("fake_torch")
-    fake.mkdir(exist_ok=True)
-    (fake / "torch.py").write_text(FAKE_TORCH)
+    fake = fake_torch()
     out = fresh("peers.json")
     cmd = [sys.executable, str(REPO_ROOT / "scripts" / "peers.py"), "--memtrade", str(CTX.memtrade), "--suite", "gemm",
            "--profile", "test", "--out", str(out), "--against", str(path("A.json"))]
@@ -749,7 +809,36 @@ def check_peers() -> str:
     expect_rc(cp, 0, "report A.json peers.json")
     text = html.read_text(errors="replace")
     expect("torch-mm" in text and "Against peers" in text, "the report shows no peer beside memtrade", cp)
-    return f"peers.py on the gemm test profile (a stand-in torch): {len(ours)} cases; compare and report take the file"
+    kv = check_kvcache_peers(fake)
+    return (f"peers.py on the gemm test profile (a stand-in torch): {len(ours)} cases; compare and report take the "
+            f"file; {kv}")
+
+
+def check_kvcache_peers(fake: Path) -> str:
+    """The kvcache peer: each SDPA backend of the CPU for the 16- and 32-bit KV types, with the shapes one
+    decode step's attention has; no peer (and a reason) for the quantized ones."""
+    out = fresh("peers_kv.json")
+    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "peers.py"), "--memtrade", str(CTX.memtrade), "--suite",
+           "kvcache", "--profile", "test", "--out", str(out)]
+    cp = subprocess.run(cmd, cwd=CTX.workdir, capture_output=True, text=True, timeout=CMD_TIMEOUT_S,
+                        env={**os.environ, "PYTHONPATH": str(fake)})
+    expect_rc(cp, 0, " ".join(cmd))
+    cp_list = memtrade("run", "--suite", "kvcache", "--profile", "test", "--backend", "cpu", "--list")
+    expect_rc(cp_list, 0, "run --suite kvcache --profile test --list")
+    cases = {line.split("/")[1] for line in cp_list.stdout.split() if line.startswith("kvcache/")}
+    wide = {c for c in cases if any(f"kv_dtype={t}," in c for t in ("fp32", "bf16", "fp16"))}
+    expect(wide and len(wide) < len(cases), f"the kvcache test profile has no mix of KV types: {sorted(cases)}")
+    recs = iterations(load("peers_kv.json")["benchmarks"])
+    bad = [f"{e['case_id']}/{e['impl']}: {e['status']} {e.get('status_detail', '')}" for e in recs if e["status"] != "ok"]
+    expect(not bad, f"kvcache peer records not ok: {bad[:3]}", cp)
+    for impl in ("torch-sdpa-flash", "torch-sdpa-math"):
+        got = {e["case_id"] for e in recs if e["impl"] == impl}
+        expect(got == wide, f"{impl}: records for {sorted(got)}, expected {sorted(wide)}", cp)
+    expect(all(e.get("cold_cache") == 1 and e["gbytes_per_s"] > 0 for e in recs), "kvcache peer records not cold, "
+           "or without bytes per second", cp)
+    expect(cp.stdout.count("no peer (PyTorch has no") == len(cases) - len(wide),
+           "peers.py did not say why the quantized KV types have no peer", cp)
+    return f"kvcache peer: {len(wide)} of {len(cases)} cases, flash and math"
 
 
 def check_git_commit() -> str:
