@@ -9,6 +9,7 @@
 #include "app/techniques.hpp"
 #include "harness/claims.hpp"
 #include "harness/suite.hpp"
+#include "impls/attention/attention.hpp"
 #include "impls/lora/finetune_model.hpp"
 #include "impls/quant/formats.hpp"
 #include "model/model.hpp"
@@ -111,6 +112,52 @@ TEST(Claims, FaLinear) {
   EXPECT_EQ(r.verdict, "inconclusive") << r.measured;
   EXPECT_NE(r.note.find("naive oom"), std::string::npos) << r.note;
   EXPECT_EQ(check("attention", "fa-linear", {}).verdict, "out_of_scope");
+}
+
+TEST(Claims, FaQwen8kFromTheMemoryModelCheckedAgainstTheRun) {
+  // Records whose tracked bytes are the attention model's, as the suite's cases give (the attention tests
+  // check the model against the allocator).
+  std::vector<Record> recs;
+  for (const char* impl : {"naive", "flash"}) {
+    Record r = attn(impl, 256, 0, 1);
+    r.name = std::string("attention/") + r.kase.id + "/" + impl;
+    const attention::Dims s = attention::case_dims(r.kase);
+    const attention::MemoryModel m = std::string(impl) == "naive" ? attention::naive_memory(s, Backend::cpu)
+                                                                   : attention::flash_memory(s, Backend::cpu);
+    r.counters["peak_extra_bytes"] = static_cast<double>(m.extra);
+    r.counters["peak_bytes"] = static_cast<double>(m.live_before + m.extra);
+    recs.push_back(r);
+  }
+  // fp16 weights alone (7.72e9 x 2 B = 14.4 GiB) are above the claimed 9 GB.
+  auto r = check("attention", "fa-qwen8k", recs);
+  EXPECT_EQ(r.verdict, "not_reproduced") << r.measured;
+  EXPECT_NE(r.measured.find("naive 27.2 GiB (not_reproduced), flash 18.6 GiB (not_reproduced)"), std::string::npos)
+      << r.measured;
+  EXPECT_NE(r.measured.find("fp16 weights 14.4, KV cache 4.0"), std::string::npos) << r.measured;
+  // The verdict follows the bands: bands around the modeled figures reproduce it.
+  ClaimSpec spec = shipped("fa-qwen8k");
+  spec.data["band"] = {18.5, 18.7};
+  spec.data["naive_band"] = {27.1, 27.3};
+  EXPECT_EQ(registry().get("attention").claims.at("fa-qwen8k")(spec, recs).verdict, "reproduced");
+  spec.data["naive_band"] = {13.6, 18.4};
+  EXPECT_EQ(registry().get("attention").claims.at("fa-qwen8k")(spec, recs).verdict, "not_reproduced");
+  // One byte off the model, or a flash that allocates naive's scores: the model is not what ran.
+  auto off = recs;
+  off[1].counters["peak_extra_bytes"] += 1;
+  off[1].counters["peak_bytes"] += 1;
+  r = check("attention", "fa-qwen8k", off);
+  EXPECT_EQ(r.verdict, "error");
+  EXPECT_NE(r.note.find(off[1].name), std::string::npos) << r.note;
+  off = recs;
+  off[1].counters = off[0].counters;
+  EXPECT_EQ(check("attention", "fa-qwen8k", off).verdict, "error");
+  EXPECT_EQ(check("attention", "fa-qwen8k", {}).verdict, "out_of_scope");
+}
+
+TEST(Claims, Fa2TorchIsOutOfScopeWithTheSourcesAnswer) {
+  const auto r = check("attention", "fa2-torch", {});
+  EXPECT_EQ(r.verdict, "out_of_scope");
+  EXPECT_NE(r.note.find("FlashAttention-2 arrived in 2.2"), std::string::npos) << r.note;
 }
 
 TEST(Claims, FaShort) {

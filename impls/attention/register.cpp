@@ -205,6 +205,62 @@ ClaimResult check_fa_short(const ClaimSpec& spec, const std::vector<Record>& rec
           "section 1) reports flash faster from 128 to 2K on A100"};
 }
 
+// fa-qwen8k: "Qwen-7B inference at 8K tokens: 16 GB with standard attention, 9 GB with flash attention",
+// which has no primary source; answered by the memory model. The attention model (naive_memory,
+// flash_memory) is first checked against the run: every ok naive or flash record's tracked peak and extra
+// bytes must equal the model's for its case and backend, else the check is an error. Then, for the claim's
+// configuration (data "model": params, layers, heads, kv_heads, head_dim, tokens), the peak of one fp16
+// prefill of `tokens` tokens on CUDA: fp16 weights (2 x params) + the fp16 KV cache of every layer at
+// `tokens` + one layer's attention call (its inputs, outputs and what it allocates; causal, batch 1), with
+// naive and with flash, each against its band in GiB ("naive_band", "band"). Exact figures (u = 0).
+ClaimResult check_fa_qwen8k(const ClaimSpec& spec, const std::vector<Record>& recs) {
+  const Band flash_band = claim_band(spec), naive_band = claim_band(spec, "naive_band");
+  int checked = 0;
+  for (const auto& r : recs) {
+    if (r.technique != "attention" || (r.impl != "naive" && r.impl != "flash") || r.status != "ok") continue;
+    const Dims s = case_dims(r.kase);
+    const MemoryModel m = r.impl == "naive" ? naive_memory(s, r.backend) : flash_memory(s, r.backend);
+    if (r.counter("peak_extra_bytes", -1) != static_cast<double>(m.extra) ||
+        r.counter("peak_bytes", -1) != static_cast<double>(m.live_before + m.extra))
+      return {"", "error",
+              "the attention memory model (" + std::to_string(m.live_before + m.extra) + " peak bytes, " +
+                  std::to_string(m.extra) + " extra) differs from the tracked bytes of " + r.name};
+    ++checked;
+  }
+  if (!checked) return {"", "out_of_scope", "needs a naive or flash case to check the memory model against"};
+  const Json& c = spec.data.at("model");
+  const auto get = [&](const char* k) { return c.at(k).get<int64_t>(); };
+  const int64_t tokens = get("tokens");
+  const Dims prefill{1, get("heads"), get("kv_heads"), tokens, tokens, get("head_dim"), true, DType::f16, false};
+  const double GiB = 1024.0 * 1024 * 1024;
+  const double weights = 2 * c.at("params").get<double>() / GiB;
+  const double kv = 2.0 * static_cast<double>(get("layers") * get("kv_heads") * get("head_dim") * tokens) * 2 / GiB;
+  const MemoryModel mn = naive_memory(prefill, Backend::cuda), mf = flash_memory(prefill, Backend::cuda);
+  const double naive = weights + kv + static_cast<double>(mn.live_before + mn.extra) / GiB;
+  const double flash = weights + kv + static_cast<double>(mf.live_before + mf.extra) / GiB;
+  const std::string vn = decide(naive, 0, naive_band), vf = decide(flash, 0, flash_band);
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "%s, %lld tokens: naive %.1f GiB (%s), flash %.1f GiB (%s); of which fp16 weights %.1f, KV cache %.1f, "
+                "the naive call's P and fp32 copies %.1f; flash saves %.1f GiB (%.0f%% of naive's peak)",
+                c.value("name", std::string("model")).c_str(), static_cast<long long>(tokens), naive, vn.c_str(), flash,
+                vf.c_str(), weights, kv, static_cast<double>(mn.extra) / GiB, naive - flash, 100 * (naive - flash) / naive);
+  return {buf, combine_verdicts({vn, vf}),
+          "memory model, checked against the tracked bytes of " + std::to_string(checked) +
+              " attention cases of this run: fp16 weights and KV cache, one layer's attention during the prefill (no "
+              "framework overhead; the MLP's buffers, smaller and not live at the same time, left out); naive keeps "
+              "P in fp32, the bytes of PyTorch's fp16 scores and probabilities together; bands: naive " +
+              naive_band.str() + ", flash " + flash_band.str() + " GiB"};
+}
+
+// fa2-torch: "FlashAttention-2 is in PyTorch's SDPA since 2.0", a fact of PyTorch's release history.
+ClaimResult check_fa2_torch(const ClaimSpec& spec, const std::vector<Record>&) {
+  return {"", "out_of_scope",
+          "release history, not a measurement; the primary source (" + spec.source +
+              ") says 2.0 shipped FlashAttention (v1) kernels and FlashAttention-2 arrived in 2.2. scripts/peers.py "
+              "times the installed PyTorch's SDPA flash backend beside memtrade"};
+}
+
 }  // namespace
 
 void register_technique(Registry& r) {
@@ -253,6 +309,8 @@ void register_technique(Registry& r) {
   };
   t.claims["fa-linear"] = check_fa_linear;
   t.claims["fa-short"] = check_fa_short;
+  t.claims["fa-qwen8k"] = check_fa_qwen8k;
+  t.claims["fa2-torch"] = check_fa2_torch;
   r.add(std::move(t));
 }
 
