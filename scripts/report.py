@@ -505,7 +505,9 @@ def facet_figure(facets, colors, x_label, value_fn, title, ylabel, kind, errbars
     styles = {lab: st for lab, st in zip(sorted(colors), LINE_STYLES * 4)}
     allv, allx = [], []
     for ax, (facet, series) in zip(axes.flat, usable.items()):
-        for lab, pts in series.items():
+        # In the styles' order, widest line first: a series equal to another (attention's auto where it
+        # picks flash) is drawn under the thinner, dashed one, which stays visible.
+        for lab, pts in sorted(series.items()):
             xs, vs = [p[0] for p in pts], [p[1] for p in pts]
             allv += vs
             allx += xs
