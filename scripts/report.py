@@ -388,6 +388,18 @@ def figure(caption_html, img):
     return f"<figure>{img}{cap}</figure>"
 
 
+class DistinctFormatter(ticker.Formatter):
+    """Tick labels with the fewest significant digits (2 to 6) that tell the axis's ticks apart: errors
+    spread over a few percent (5.9e-07 .. 6.2e-07) read 5.95e-07, 6e-07, 6.05e-07, not 6e-07 twice."""
+
+    def __call__(self, v, pos=None):
+        locs = [x for x in self.locs if x > 0]
+        for digits in range(2, 7):
+            if len({f"{x:.{digits}g}" for x in locs}) == len(locs):
+                break
+        return f"{v:.{digits}g}"
+
+
 def set_log_axis(ax, which, values, kind):
     """Log axis with human-readable tick labels: kind in bytes|seconds|plain."""
     axis = ax.yaxis if which == "y" else ax.xaxis
@@ -403,8 +415,12 @@ def set_log_axis(ax, which, values, kind):
         set_scale("log")
         subs = tuple(range(1, 10)) if span < 0.6 else (1.0, 2.0, 5.0) if span < 1.5 else (1.0,)
         axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
-        fmt = fmt_seconds if kind == "seconds" else (lambda v: f"{v:.0e}" if span >= 1.5 else f"{v:.2g}")
-        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt(v)))
+        if kind == "seconds":
+            axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_seconds(v)))
+        elif span >= 1.5:
+            axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.0e}"))
+        else:
+            axis.set_major_formatter(DistinctFormatter())
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
