@@ -612,6 +612,26 @@ def bars(groups, stack_keys, title, ylabel, kind="bytes"):
     return fig_to_img(fig, title)
 
 
+def hbars(labels, values, notes, title, xlabel):
+    """Horizontal bars of rates (bytes/s), one per label, each with a note at its end."""
+    fig, ax = plt.subplots(figsize=(6.4, 0.27 * len(labels) + 1.3))
+    ys = range(len(labels))
+    ax.barh(ys, values, height=0.65, color=plt.get_cmap("tab10").colors[0])
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    for y, v, note in zip(ys, values, notes):
+        if note:
+            ax.text(v, y, " " + note, va="center", fontsize=7.5)
+    ax.set_xlim(0, max(values) * 1.25 if values and max(values) > 0 else 1)
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_si(v, "B/s", 2)))
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig_to_img(fig, title)
+
+
 def largest_cases(cases, key_params):
     """The ok case of each (impl, key params) with the largest x: one point per variant."""
     best = {}
@@ -649,11 +669,12 @@ def quant_figures(cases):
     if matvec:
         biggest = max(c.x or 0 for c in matvec)
         sel = sorted([c for c in matvec if (c.x or 0) == biggest], key=lambda c: (c.params.get("format", ""), c.impl))
-        groups = [(f"{c.params.get('format')} {c.impl}", {"weight bytes read per second": c.counters["gbytes_per_s"] * 1e9})
-                  for c in sel]
-        img = bars(groups, ["weight bytes read per second"], f"quant: matvec (m=1) bandwidth at n={biggest:g}",
-                   "bytes/s", kind="rate")
-        figs.append(figure("Weight bytes (codes, scales) read per second of the batch-1 matvec, RTN weights.", img))
+        frac = [c.counters.get("frac_of_copy_ceiling") for c in sel]
+        img = hbars([f"{c.params.get('format')} {c.impl}" for c in sel], [c.counters["gbytes_per_s"] * 1e9 for c in sel],
+                    [f"{f:.2f} of copy" if _isnum(f) else "" for f in frac],
+                    f"quant: matvec (m=1) bandwidth at n={biggest:g}", "weight bytes read per second")
+        figs.append(figure("Weight bytes (codes, scales) read per second of the batch-1 matvec, RTN weights; beside each "
+                           "bar, the fraction of this machine's copy bandwidth (frac_of_copy_ceiling).", img))
     return figs
 
 
