@@ -588,6 +588,12 @@ def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None):
     return fig_to_img(fig, title)
 
 
+def binary_ticks(axis, top):
+    """Ticks at multiples of a power of two bytes, 3 to 6 up to `top` (4 MiB, 8 MiB, ..., not 1.91 MiB)."""
+    if top > 0:
+        axis.set_major_locator(ticker.MultipleLocator(2.0 ** max(0, math.ceil(math.log2(top / 6)))))
+
+
 def bars(groups, stack_keys, title, ylabel, kind="bytes"):
     """Stacked bars: groups = [(label, {stack key: value})]."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -601,6 +607,7 @@ def bars(groups, stack_keys, title, ylabel, kind="bytes"):
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([g[0] for g in groups], rotation=30, ha="right", fontsize=8)
     if kind == "bytes":
+        binary_ticks(ax.yaxis, float(bottom.max()) if len(bottom) else 0.0)
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
     elif kind == "rate":
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_si(v, "B/s", 2)))
