@@ -493,6 +493,50 @@ static std::string cell(const Json& j) {
   return fmt("%.6g", j.get<double>());
 }
 
+// The markdown form, for a pull request or a CI summary: the summary line first, then the rows in sections
+// by what they ask of a reader: regressions (gated), rows to look at that do not gate (verdict, status and
+// time changes, failures that persist, rows missing from the current run), and, folded, the improvements
+// and everything only listed (order-dependent errors, new cases, rows not compared).
+static std::string markdown_compare(const CompareResult& r, const std::vector<const CompareRow*>& shown,
+                                    const std::map<std::string, int>& new_metrics, const std::string& summary) {
+  static const std::set<std::string> kLook = {"verdict_changed", "status_changed", "still_failing", "unstable", "slower",
+                                              "missing"};
+  static const std::set<std::string> kBetter = {"improved", "faster"};
+  std::vector<const CompareRow*> reg, look, better, listed;
+  for (auto* row : shown) {
+    if (row->regression) reg.push_back(row);
+    else if (kLook.count(row->verdict)) look.push_back(row);
+    else if (kBetter.count(row->verdict)) better.push_back(row);
+    else listed.push_back(row);
+  }
+  auto table = [](const std::vector<const CompareRow*>& rows) {
+    std::string t = "\n| case | metric | baseline | current | change | verdict | detail |\n|---|---|---|---|---|---|---|\n";
+    for (auto* row : rows)
+      t += "| " + row->name + " | " + row->metric + " | " + cell(row->baseline) + " | " + cell(row->current) + " | " +
+           row->change + " | " + (row->regression ? "**" + row->verdict + "**" : row->verdict) + " | " + row->detail + " |\n";
+    return t;
+  };
+  auto folded = [&](const std::string& title, const std::vector<const CompareRow*>& rows) {
+    return rows.empty() ? std::string()
+                        : "\n<details><summary>" + title + " (" + std::to_string(rows.size()) + ")</summary>\n" +
+                              table(rows) + "\n</details>\n";
+  };
+  std::string out = "**memtrade compare**: " + summary + "\n\nbaseline `" + r.baseline_path + "`, current `" +
+                    r.current_path + "`\n";
+  for (const auto& n : r.notes) out += "\n> note: " + n + "\n";
+  if (!new_metrics.empty()) {
+    out += "\n> note: counters the baseline lacks (listed, not compared):";
+    for (const auto& [m, n] : new_metrics) out += " " + m + " (" + std::to_string(n) + " cases)";
+    out += "\n";
+  }
+  out += "\n### Regressions (" + std::to_string(reg.size()) + ")\n" + (reg.empty() ? "\nNone.\n" : table(reg));
+  if (!look.empty())
+    out += "\n### Changed, not gated (" + std::to_string(look.size()) + ")\n" + table(look);
+  out += folded("Improvements", better);
+  out += folded("Listed, not gated: order-dependent errors, new cases and counters, rows not compared", listed);
+  return out;
+}
+
 std::string format_compare(const CompareResult& r, bool md) {
   std::vector<const CompareRow*> shown;
   std::map<std::string, int> new_metrics;  // summarized in one line each: a new counter appears in many cases
@@ -502,12 +546,13 @@ std::string format_compare(const CompareResult& r, bool md) {
   std::stable_sort(shown.begin(), shown.end(), [](auto* a, auto* b) { return a->regression > b->regression; });
   std::string out;
   char line[1024];
-  if (md) {
-    out += "| case | metric | baseline | current | change | verdict | detail |\n|---|---|---|---|---|---|---|\n";
-    for (auto* row : shown)
-      out += "| " + row->name + " | " + row->metric + " | " + cell(row->baseline) + " | " + cell(row->current) + " | " +
-             row->change + " | " + (row->regression ? "**" + row->verdict + "**" : row->verdict) + " | " + row->detail + " |\n";
-  } else if (!shown.empty()) {
+  std::snprintf(line, sizeof line, "%d regression(s) in %d checks (time %s; %d baseline and %d current run(s))%s%s",
+                r.regressions, r.checks, r.time_gate ? "gates" : "report-only", r.baseline_runs, r.current_runs,
+                r.unstable.empty() ? "" : (", " + std::to_string(r.unstable.size()) + " unstable").c_str(),
+                r.regressions ? "" : ": clean");
+  const std::string summary = line;
+  if (md) return markdown_compare(r, shown, new_metrics, summary);
+  if (!shown.empty()) {
     std::snprintf(line, sizeof line, "%-58s %-18s %-14s %-14s %-10s %-14s %s\n", "case", "metric", "baseline", "current",
                   "change", "verdict", "detail");
     out += line;
@@ -518,18 +563,13 @@ std::string format_compare(const CompareResult& r, bool md) {
       out += line;
     }
   }
-  for (const auto& n : r.notes) out += (md ? "> note: " : "note: ") + n + "\n";
+  for (const auto& n : r.notes) out += "note: " + n + "\n";
   if (!new_metrics.empty()) {
-    out += md ? "> note: counters the baseline lacks (listed, not compared):" : "note: counters the baseline lacks (listed, not compared):";
+    out += "note: counters the baseline lacks (listed, not compared):";
     for (const auto& [m, n] : new_metrics) out += " " + m + " (" + std::to_string(n) + " cases)";
     out += "\n";
   }
-  std::snprintf(line, sizeof line, "%s%d regression(s) in %d checks (time %s; %d baseline and %d current run(s))%s%s\n",
-                md ? "\n" : "", r.regressions, r.checks, r.time_gate ? "gates" : "report-only", r.baseline_runs,
-                r.current_runs, r.unstable.empty() ? "" : (", " + std::to_string(r.unstable.size()) + " unstable").c_str(),
-                r.regressions ? "" : ": clean");
-  out += line;
-  return out;
+  return out + summary + "\n";
 }
 
 Json compare_to_json(const CompareResult& r) {

@@ -68,6 +68,31 @@ TEST(Compare, IdenticalResultsAreClean) {
   EXPECT_NE(format_compare(r, false).find("clean"), std::string::npos);
 }
 
+TEST(Compare, MarkdownPutsTheSummaryAndRegressionsFirstAndFoldsImprovements) {
+  auto cur = sample();
+  cur.cases[1].counters["peak_bytes"] += 1;  // a regression
+  cur.cases[0].counters["peak_bytes"] -= 1;  // an improvement
+  const auto r = compare_results(sample(), cur, {});
+  ASSERT_EQ(r.regressions, 1);
+  const std::string md = format_compare(r, true);
+  EXPECT_EQ(md.rfind("**memtrade compare**: 1 regression(s) in ", 0), 0u) << md;
+  const auto heading = md.find("### Regressions (1)");
+  const auto regression = md.find("| gemm/n=128,dtype=fp32/openblas | peak_bytes |");
+  const auto fold = md.find("<details><summary>Improvements (1)</summary>");
+  const auto improvement = md.find("| gemm/n=64,dtype=fp32/openblas | peak_bytes |");
+  ASSERT_NE(heading, std::string::npos) << md;
+  ASSERT_NE(fold, std::string::npos) << md;
+  EXPECT_LT(heading, regression);
+  EXPECT_LT(regression, fold);
+  EXPECT_LT(fold, improvement);
+  EXPECT_NE(md.find("**regression**"), std::string::npos) << md;
+  // Nothing to report: the summary says clean and the regressions section says none.
+  const std::string clean = format_compare(compare_results(sample(), sample(), {}), true);
+  EXPECT_NE(clean.find(": clean"), std::string::npos) << clean;
+  EXPECT_NE(clean.find("### Regressions (0)\n\nNone."), std::string::npos) << clean;
+  EXPECT_EQ(clean.find("<details>"), std::string::npos) << clean;
+}
+
 TEST(Compare, OneByteOfMemoryGrowthIsARegression) {
   auto cur = sample();
   cur.cases[1].counters["peak_bytes"] += 1;
