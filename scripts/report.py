@@ -1140,7 +1140,9 @@ def claims_section(all_results, paths):
         cid, stmt, src, meas, exp, verdict, note, form = key
         how = (f"<details><summary class='muted'>how it is decided</summary><p>{esc(form or exp)}</p>"
                + (f"<p class='muted'>{esc(note)}</p>" if note else "") + "</details>")
-        row = [esc(cid), esc(stmt) + how, esc(src), esc(meas), (esc(verdict.replace("_", " ")), f"v-{esc(verdict)}")]
+        # Nothing measured (out of scope, or a check that failed): the reason is what the reader needs here.
+        shown = esc(meas) if meas else f"<span class='muted'>{esc(note)}</span>"
+        row = [esc(cid), esc(stmt) + how, esc(src), shown, (esc(verdict.replace("_", " ")), f"v-{esc(verdict)}")]
         rows.append(row + ([esc(", ".join(files))] if multi else []))
     out.insert(1, "<p class='muted'>Each claim is decided on its measurable form: reproduced when the measured "
                   "interval lies inside the band, not reproduced when it lies outside, inconclusive when it "
