@@ -19,6 +19,7 @@ import os
 import re
 import string
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 try:
@@ -375,9 +376,10 @@ def impl_colors(labels):
 
 # ---------------------------------------------------------------- plotting
 
-def fig_to_img(fig, alt):
+def fig_to_img(fig, alt, tight=False):
+    """tight: the saved image grows to hold artists outside the figure (legends beside the axes)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=100, **({"bbox_inches": "tight"} if tight else {}))
     plt.close(fig)
     b64 = base64.b64encode(buf.getvalue()).decode("ascii")
     return f'<img class="plot" alt="{esc(alt)}" src="data:image/png;base64,{b64}">'
@@ -392,12 +394,15 @@ class DistinctFormatter(ticker.Formatter):
     """Tick labels with the fewest significant digits (2 to 6) that tell the axis's ticks apart: errors
     spread over a few percent (5.9e-07 .. 6.2e-07) read 5.95e-07, 6e-07, 6.05e-07, not 6e-07 twice."""
 
-    def __call__(self, v, pos=None):
-        locs = [x for x in self.locs if x > 0]
+    def format_ticks(self, values):
         for digits in range(2, 7):
-            if len({f"{x:.{digits}g}" for x in locs}) == len(locs):
+            labels = [f"{x:.{digits}g}" for x in values]
+            if len(set(labels)) == len(labels):
                 break
-        return f"{v:.{digits}g}"
+        return labels
+
+    def __call__(self, v, pos=None):
+        return f"{v:.3g}"
 
 
 def set_log_axis(ax, which, values, kind):
@@ -484,17 +489,38 @@ def tradeoff_plot(facets, colors, x_param):
     from matplotlib.lines import Line2D
     impls = sorted({p[2] for p in pts})
     h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in impls]
-    leg = ax.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    # A figure legend anchored beside the axes: the saved image's tight box holds it (it missed an axes
+    # legend kept with add_artist beside the second one, and cut its labels).
+    fig.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
+               frameon=False)
+    panels = ""
     if len(facet_names) > 1:
-        ax.add_artist(leg)
-        h2 = [Line2D([], [], color="#555", marker=markers[k], ls="", label=k) for k in facet_names]
+        short = distinguishing(facet_names)
+        if max(len(v) for v in short.values()) > 40:  # too long for a legend: numbered, named in the caption
+            panels = " Panels: " + "; ".join(f"{i + 1} = {esc(k)}" for i, k in enumerate(facet_names)) + "."
+            short = {k: f"panel {i + 1}" for i, k in enumerate(facet_names)}
+        h2 = [Line2D([], [], color="#555", marker=markers[k], ls="", label=short[k]) for k in facet_names]
         ax.legend(handles=h2, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
-    fig.tight_layout()
+    with warnings.catch_warnings():  # legends wider than the figure: the saved image grows to hold them
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     names = ", ".join(p[2] for p in front)
     cap = (f"Every case at {esc(x_param)}={x:g} (the largest value at which the most implementations ran ok); "
            f"colour = implementation, marker = panel. Outlined points are Pareto-optimal (no other point is "
-           f"both faster and smaller): {esc(names)}.")
-    return fig_to_img(fig, f"trade-off {x_param}={x:g}"), cap
+           f"both faster and smaller): {esc(names)}.{panels}")
+    return fig_to_img(fig, f"trade-off {x_param}={x:g}", tight=True), cap
+
+
+def distinguishing(names):
+    """{facet name: the name with only the k=v parts that differ between the names}: a legend of a few
+    points needs what tells them apart, not every parameter of the technique's sweep."""
+    parts = {n: n.split(" ") for n in names}
+    if any(not all("=" in p for p in ps) for ps in parts.values()):
+        return {n: n for n in names}
+    vals = [dict(p.split("=", 1) for p in ps) for ps in parts.values()]
+    keys = {k for v in vals for k in v}
+    differ = {k for k in keys if len({v.get(k) for v in vals}) > 1}
+    return {n: " ".join(p for p in ps if p.split("=", 1)[0] in differ) or n for n, ps in parts.items()}
 
 
 def facet_figure(facets, colors, x_label, value_fn, title, ylabel, kind, errbars=None, max_panels=12):
