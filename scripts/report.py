@@ -19,6 +19,7 @@ import os
 import re
 import string
 import sys
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 
@@ -614,32 +615,48 @@ def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None):
     return fig_to_img(fig, title)
 
 
-def binary_ticks(axis, top):
-    """Ticks at multiples of a power of two bytes, 3 to 6 up to `top` (4 MiB, 8 MiB, ..., not 1.91 MiB)."""
+def binary_ticks(axis, top, most=6):
+    """Ticks at multiples of a power of two bytes, about most / 2 to `most` up to `top` (4 MiB, 8 MiB, ...,
+    not 1.91 MiB)."""
     if top > 0:
-        axis.set_major_locator(ticker.MultipleLocator(2.0 ** max(0, math.ceil(math.log2(top / 6)))))
+        axis.set_major_locator(ticker.MultipleLocator(2.0 ** max(0, math.ceil(math.log2(top / most)))))
 
 
 def bars(groups, stack_keys, title, ylabel, kind="bytes"):
-    """Stacked bars: groups = [(label, {stack key: value})]."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    """Stacked bars: groups = [(label, {stack key: value})]. Upright for a few short labels; lying, with the
+    labels on the axis, for many or long ones (rotated under the axis they ran into each other)."""
+    labels = [g[0] for g in groups]
+    lying = len(groups) > 8 or max((len(lab) for lab in labels), default=0) > 24
+    wrapped = [textwrap.fill(lab, 40) for lab in labels]
+    tall = 1.3 + sum(0.16 + 0.12 * (w.count("\n") + 1) for w in wrapped)
+    fig, ax = plt.subplots(figsize=(7.4, tall) if lying else (6.4, 4.2))
     colors = dict(zip(stack_keys, plt.get_cmap("tab10").colors))
-    bottom = np.zeros(len(groups))
+    base = np.zeros(len(groups))
+    pos = range(len(groups))
     for k in stack_keys:
         vals = np.array([g[1].get(k, 0) or 0 for g in groups], dtype=float)
         if vals.any():
-            ax.bar(range(len(groups)), vals, bottom=bottom, label=k, color=colors[k], width=0.6)
-        bottom += vals
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([g[0] for g in groups], rotation=30, ha="right", fontsize=8)
+            if lying:
+                ax.barh(pos, vals, left=base, label=k, color=colors[k], height=0.65)
+            else:
+                ax.bar(pos, vals, bottom=base, label=k, color=colors[k], width=0.6)
+        base += vals
+    if lying:
+        ax.set_yticks(pos)
+        ax.set_yticklabels(wrapped, fontsize=7.5)
+        ax.invert_yaxis()
+    else:
+        ax.set_xticks(pos)
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    axis = ax.xaxis if lying else ax.yaxis
     if kind == "bytes":
-        binary_ticks(ax.yaxis, float(bottom.max()) if len(bottom) else 0.0)
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
+        binary_ticks(axis, float(base.max()) if len(base) else 0.0, 4 if lying else 6)
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
     elif kind == "rate":
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_si(v, "B/s", 2)))
-    ax.set_ylabel(ylabel)
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_si(v, "B/s", 2)))
+    (ax.set_xlabel if lying else ax.set_ylabel)(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="x" if lying else "y", alpha=0.3)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig_to_img(fig, title)
