@@ -419,7 +419,9 @@ def set_log_axis(ax, which, values, kind):
         axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
     else:
         set_scale("log")
-        subs = tuple(range(1, 10)) if span < 0.6 else (1.0, 2.0, 5.0) if span < 1.5 else (1.0,)
+        # Sub-decade ticks as dense as their labels allow (at 5, 6, 7 they ran into each other over half a decade).
+        subs = (tuple(range(1, 10)) if span < 0.3 else (1.0, 2.0, 3.0, 5.0, 7.0) if span < 0.8
+                else (1.0, 2.0, 5.0) if span < 1.5 else (1.0,))
         axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
         if kind == "seconds":
             axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_seconds(v)))
