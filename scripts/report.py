@@ -226,11 +226,15 @@ class Case:
         return "; ".join(why)
 
 
+# A record's numbers that are not counters: Google Benchmark's timing fields and the harness's bookkeeping.
+NOT_COUNTERS = {"real_time", "cpu_time", "iterations", "repetitions", "repetition_index", "threads", "x",
+                "family_index", "per_family_instance_index"}
+
+
 def _is_counter(key):
-    return (key in ("peak_bytes", "peak_extra_bytes", "untracked_bytes", "max_abs_err", "max_rel_err", "rel_l2_err",
-                    "nan_count", "inf_count", "tflops", "gbytes_per_s", "cold_cache")
-            or key in {k for k, _, _ in DOMAIN_COUNTERS}
-            or key.startswith(("peak_bytes_", "host_peak_bytes", "frac_of_", "curve_")))
+    # Every other number is a counter (a list of them once read only those named in tables and figures,
+    # and silently dropped what a figure read beside them: held-out output MSE, perplexity standard errors).
+    return key not in NOT_COUNTERS
 
 
 def _entry_status(e):
@@ -493,7 +497,7 @@ def tradeoff_plot(facets, colors, x_param):
     impls = sorted({p[2] for p in pts})
     h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in impls]
     # A figure legend anchored beside the axes: the saved image's tight box holds it (it missed an axes
-    # legend kept with add_artist beside the second one, and cut its labels).
+    # legend kept with add_artist beside the second one, and cut its labels). scatter_labelled does the same.
     fig.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
                frameon=False)
     panels = ""
@@ -610,11 +614,11 @@ def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None):
     from matplotlib.lines import Line2D
     h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in ckeys]
     h2 = [Line2D([], [], color="#555", marker=markers.get(k, "o"), ls="", label=k) for k in mkeys]
-    leg = ax.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.add_artist(leg)
+    fig.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
+               frameon=False)  # a figure legend, held by the saved image (see tradeoff_plot)
     ax.legend(handles=h2, fontsize=7.5, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
     fig.tight_layout()
-    return fig_to_img(fig, title)
+    return fig_to_img(fig, title, tight=True)
 
 
 def binary_ticks(axis, top, most=6):
@@ -755,6 +759,37 @@ def quant_model_figures(cases):
     return figs
 
 
+def kvcache_model_figures(cases):
+    """The model through the cache: per KV storage type, bytes per token against the perplexity change;
+    per weight format, the weight bytes each decoded token reads against tokens per second (batch 1)."""
+    figs = []
+    kv = [c for c in cases if c.ok and "weights" not in c.params and "host_layers" not in c.params
+          and _isnum(c.counters.get("perplexity_rel_delta")) and _isnum(c.counters.get("kv_bytes_per_token"))]
+    if len({c.params.get("kv_dtype") for c in kv}) >= 2:
+        pts, err = [], []
+        for c in kv:
+            pts.append((c.counters["kv_bytes_per_token"] / 1024, 100 * c.counters["perplexity_rel_delta"],
+                        str(c.params.get("kv_dtype")), c.impl))
+            se = c.counters.get("perplexity_rel_delta_se")
+            err.append((100 * se, 100 * se) if _isnum(se) else (0, 0))
+        img = scatter_labelled(pts, "kvcache_model: KV bytes per token vs perplexity change",
+                               "KV cache KiB per token (all layers)", "perplexity vs the fp32 cache (%)", ylog=False,
+                               yerr=err)
+        figs.append(figure("Validation perplexity through the cache relative to the fp32 cache on the same windows, "
+                           "+- one standard error over the windows; colour = KV storage type, marker = layout (both "
+                           "layouts store the same records, so their points coincide).", img))
+    wf = [c for c in cases if c.ok and "weights" in c.params and _isnum(c.counters.get("tokens_per_s"))
+          and _isnum(c.counters.get("weight_bytes_read"))]
+    if len(wf) >= 2:
+        pts = [(c.counters["weight_bytes_read"] / 2 ** 20, c.counters["tokens_per_s"],
+                str(c.params["weights"]) + (" a8" if c.params.get("activations") == "int8" else ""), c.impl) for c in wf]
+        img = scatter_labelled(pts, "kvcache_model: weight bytes per token vs decode speed", "weight MiB read per token",
+                               "tokens per second (batch 1)", ylog=False)
+        figs.append(figure("Batch-1 decode: the bytes of every projection and lm_head each token reads, against tokens "
+                           "per second; colour = weight format (a8: int8 activations), marker = layout.", img))
+    return figs
+
+
 TAG_ORDER = ["weights", "master", "grads", "optimizer", "activations", "workspace", "io", "kv", "other"]
 
 
@@ -810,7 +845,7 @@ def serving_figures(cases):
                    "while requests wait, as shares of the KV budget (mean over decode steps).", img)]
 
 
-SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "precision": tag_figures("precision"),
+SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "kvcache_model": kvcache_model_figures, "precision": tag_figures("precision"),
                    "checkpoint": tag_figures("checkpoint"), "accum": tag_figures("accum"),
                    "offload": tag_figures("offload"), "lora": tag_figures("lora"), "cpu_adam": bandwidth_figures,
                    "kvcache_serving": serving_figures}
@@ -1106,7 +1141,10 @@ def technique_section(tech, path, results, cases):
     nonok = [c for c in cases if not c.ok]
     figs, wide = [], []
     n_x = len({c.x for c in cases if c.x is not None})
-    if n_x >= 2 and len(facets) <= 12:
+    # A sweep needs a panel with a line: some implementation ok at two or more values of x in one panel
+    # (kvcache_model's quick cases run each configuration at one length: eleven panels of single points).
+    lines = any(len({c.x for c in lst if c.ok and c.x is not None}) >= 2 for f in facets.values() for lst in f.values())
+    if n_x >= 2 and lines and len(facets) <= 12:
         # Sweeps: memory, time and error against x, one panel per combination of the other parameters.
         for fn, title, ylabel, kind, cap, eb in (
                 (lambda c: c.counters.get("peak_bytes"), f"{tech}: peak memory", "peak memory (log2)", "bytes",

@@ -257,6 +257,32 @@ def check_ceiling_notes(checks, report, workdir, results):
               "above a memory ceiling: cache named for a call without a flush, the loaded probe for a flushed one")
 
 
+def check_domain_figures(checks, report, workdir):
+    """A technique's own figures get the counters they read, whatever their name: quant's held-out output
+    MSE (dropped while only the counters of the tables and a few prefixes were read), and kvcache_model's
+    perplexity against bytes per token."""
+    def entry(suite, technique, impl, params, counters):
+        case_id = ",".join(f"{k}={v}" for k, v in params.items())
+        return {"name": f"{suite}/{case_id}/{impl}", "run_name": f"{suite}/{case_id}/{impl}", "suite": suite,
+                "technique": technique, "impl": impl, "role": "reference", "backend": "cpu", "case_id": case_id,
+                "case": params, "run_type": "iteration", "repetitions": 1, "repetition_index": 0, "iterations": 1,
+                "real_time": 1e6, "cpu_time": 1e6, "time_unit": "ns", "status": "ok", **counters}
+    bench = [entry("quant", "quant", "reference", {"n": 64, "k": 64, "format": f, "quantizer": "rtn"},
+                   {"bits_per_weight": b, "weight_rel_l2_err": e, "heldout_output_mse": e * e, "peak_bytes": 4096})
+             for f, b, e in (("int8", 8.25, 0.01), ("int4-g128", 4.13, 0.1))]
+    bench += [entry("kvcache_model", "kvcache_model", "paged", {"kv_dtype": t, "seq": 64},
+                    {"perplexity_rel_delta": d, "perplexity_rel_delta_se": d / 4, "kv_bytes_per_token": b,
+                     "peak_bytes": 1 << 20})
+              for t, d, b in (("fp32", 0.0, 46080), ("int8", 0.003, 12240), ("int4", 0.33, 6480))]
+    doc = {"context": {"date": "2026-01-01", "memtrade": {"suites": {
+        "quant": {"technique": "quant", "x_param": "n"}, "kvcache_model": {"technique": "kvcache_model",
+                                                                            "x_param": "seq"}}}},
+           "benchmarks": bench}
+    html = render(checks, report, doc, os.path.join(workdir, "report-domain.html"), "report of domain counters runs")
+    for alt in ("quant: bits per weight vs held-out output MSE", "kvcache_model: KV bytes per token vs perplexity change"):
+        checks.ok(f'alt="{alt}"' in html, f"figure '{alt}' drawn from its counters")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Render test for the memtrade HTML report.")
     ap.add_argument("--report-script", required=True, help="path to scripts/report.py")
@@ -293,6 +319,7 @@ def main(argv=None):
         check_single_file(checks, report, workdir, results[-1])
         check_shared_names(checks, report, workdir, results[-1])
         check_ceiling_notes(checks, report, workdir, results[-1])
+        check_domain_figures(checks, report, workdir)
     except CheckFailed as e:
         print(f"report render test: FAILED after {checks.passed} passed check(s): {e}", file=sys.stderr)
         return 1
