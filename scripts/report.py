@@ -100,7 +100,7 @@ def fmt_si(v, unit, digits=3):
     return f"{v:.{digits}g} {unit}"
 
 
-def fmt_bytes(v):
+def fmt_bytes(v, digits=3):
     """Binary units for memory: 786432 -> '768 KiB'."""
     if not _isnum(v):
         return "—" if v is None else str(v)
@@ -108,7 +108,7 @@ def fmt_bytes(v):
         return "NaN"
     for scale, unit in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
         if abs(v) >= scale:
-            return f"{v / scale:.3g} {unit}"
+            return f"{v / scale:.{digits}g} {unit}"
     return f"{v:.0f} B"
 
 
@@ -395,6 +395,21 @@ def figure(caption_html, img):
     return f"<figure>{img}{cap}</figure>"
 
 
+class BytesFormatter(ticker.Formatter):
+    """fmt_bytes with the fewest significant digits (3 to 7) that tell the axis's ticks apart: peaks a few KiB
+    apart at 3 MiB read 2.996 MiB, 3 MiB, 3.004 MiB, not 3 MiB five times."""
+
+    def format_ticks(self, values):
+        for digits in range(3, 8):
+            labels = [fmt_bytes(v, digits) for v in values]
+            if len(set(labels)) == len(labels):
+                break
+        return labels
+
+    def __call__(self, v, pos=None):
+        return fmt_bytes(v)
+
+
 class DistinctFormatter(ticker.Formatter):
     """Tick labels with the fewest significant digits (2 to 6) that tell the axis's ticks apart: errors
     spread over a few percent (5.9e-07 .. 6.2e-07) read 5.95e-07, 6e-07, 6.05e-07, not 6e-07 twice."""
@@ -420,7 +435,7 @@ def set_log_axis(ax, which, values, kind):
         set_scale("log", base=2)
         subs = (1.0, 1.5) if span < math.log10(6) else (1.0,)
         axis.set_major_locator(ticker.LogLocator(base=2, subs=subs, numticks=10))
-        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
+        axis.set_major_formatter(BytesFormatter())
     else:
         set_scale("log")
         # Sub-decade ticks as dense as their labels allow (at 5, 6, 7 they ran into each other over half a decade).
