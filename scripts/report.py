@@ -232,8 +232,8 @@ NOT_COUNTERS = {"real_time", "cpu_time", "iterations", "repetitions", "repetitio
 
 
 def _is_counter(key):
-    # Every other number is a counter (a list of them once read only those named in tables and figures,
-    # and silently dropped what a figure read beside them: held-out output MSE, perplexity standard errors).
+    # Every other number is a counter: figures read some that no table names (held-out output MSE,
+    # perplexity standard errors).
     return key not in NOT_COUNTERS
 
 
@@ -511,8 +511,8 @@ def tradeoff_plot(facets, colors, x_param):
     from matplotlib.lines import Line2D
     impls = sorted({p[2] for p in pts})
     h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in impls]
-    # A figure legend anchored beside the axes: the saved image's tight box holds it (it missed an axes
-    # legend kept with add_artist beside the second one, and cut its labels). scatter_labelled does the same.
+    # A figure legend anchored beside the axes, which the saved image's tight box holds (an axes legend kept
+    # with add_artist beside the second one falls outside that box and is cut). scatter_labelled does the same.
     fig.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
                frameon=False)
     panels = ""
@@ -860,10 +860,10 @@ def serving_figures(cases):
                    "while requests wait, as shares of the KV budget (mean over decode steps).", img)]
 
 
-SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "kvcache_model": kvcache_model_figures, "precision": tag_figures("precision"),
-                   "checkpoint": tag_figures("checkpoint"), "accum": tag_figures("accum"),
-                   "offload": tag_figures("offload"), "lora": tag_figures("lora"), "cpu_adam": bandwidth_figures,
-                   "kvcache_serving": serving_figures}
+SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "kvcache_model": kvcache_model_figures,
+                   "precision": tag_figures("precision"), "checkpoint": tag_figures("checkpoint"),
+                   "accum": tag_figures("accum"), "offload": tag_figures("offload"), "lora": tag_figures("lora"),
+                   "cpu_adam": bandwidth_figures, "kvcache_serving": serving_figures}
 
 
 # ---------------------------------------------------------------- sections
