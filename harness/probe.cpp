@@ -77,8 +77,8 @@ Ceilings probe_cpu() {
     // Every OpenMP thread copies its share: the kernels measured against this ceiling run on all of them
     // (one core alone reaches about half the machine's bandwidth on a 2-core VM). Two ways, the faster one
     // the ceiling: memcpy, and a copy with non-temporal stores. On a 2-core AMD EPYC (Zen 2) VM glibc's
-    // memcpy moved 24-28 GB/s and the streaming copy 40-49 (bytes read + written, two threads), and the
-    // CPU AdamW, a streaming kernel, ran at 1.6-2.0x the memcpy figure.
+    // memcpy moved 31.6-32.7 GB/s and the streaming copy 49-52 (bytes read + written, two threads, three
+    // probes), and the CPU AdamW, a streaming kernel, had run at 1.6-2.0x the memcpy figure.
     auto copy_with = [&](auto copy_fn) {
       return [&, copy_fn] {
 #pragma omp parallel
