@@ -1149,6 +1149,13 @@ def curves_plot(series, colors, tech, prefix, title, ylabel, log):
 
 def technique_section(tech, path, results, cases):
     x_param, x_label = x_info(results, tech, cases)
+    # Two suites of one technique may sweep different parameters (quant_model's trained model over dim,
+    # SmolLM2 over seq): a case whose suite sweeps another one has no place on this x axis.
+    suites = results["context"].get("memtrade", {}).get("suites", {}) or {}
+    for c in cases:
+        xp = (suites.get(c.suite) or {}).get("x_param") if isinstance(suites.get(c.suite), dict) else None
+        if xp and xp != x_param:
+            c.x = None
     series = build_series(cases, x_param)
     colors = series_colors(list(series))
     facets = facet_cases(cases, x_param)
