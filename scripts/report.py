@@ -100,6 +100,11 @@ def fmt_si(v, unit, digits=3):
     return f"{v:.{digits}g} {unit}"
 
 
+def fmt_x(x):
+    """A sweep value as its case id writes it: integers whole (10485760, not 1.04858e+07)."""
+    return str(int(x)) if _isnum(x) and float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
 def fmt_bytes(v, digits=3):
     """Binary units for memory: 786432 -> '768 KiB'."""
     if not _isnum(v):
@@ -506,7 +511,7 @@ def tradeoff_plot(facets, colors, x_param):
     ax.margins(0.15)
     ax.set_xlabel("median time per iteration (log)")
     ax.set_ylabel("peak memory (log2)")
-    ax.set_title(f"memory vs time at {x_param}={x:g}", fontsize=10)
+    ax.set_title(f"memory vs time at {x_param}={fmt_x(x)}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     from matplotlib.lines import Line2D
     impls = sorted({p[2] for p in pts})
@@ -527,10 +532,10 @@ def tradeoff_plot(facets, colors, x_param):
         warnings.simplefilter("ignore", UserWarning)
         fig.tight_layout()
     names = ", ".join(p[2] for p in front)
-    cap = (f"Every case at {esc(x_param)}={x:g} (the largest value at which the most implementations ran ok); "
+    cap = (f"Every case at {esc(x_param)}={fmt_x(x)} (the largest value at which the most implementations ran ok); "
            f"colour = implementation, marker = panel. Outlined points are Pareto-optimal (no other point is "
            f"both faster and smaller): {esc(names)}.{panels}")
-    return fig_to_img(fig, f"trade-off {x_param}={x:g}", tight=True), cap
+    return fig_to_img(fig, f"trade-off {x_param}={fmt_x(x)}", tight=True), cap
 
 
 def distinguishing(names):
@@ -743,7 +748,7 @@ def quant_figures(cases):
         frac = [c.counters.get("frac_of_copy_ceiling") for c in sel]
         img = hbars([f"{c.params.get('format')} {c.impl}" for c in sel], [c.counters["gbytes_per_s"] * 1e9 for c in sel],
                     [f"{f:.2f} of copy" if _isnum(f) else "" for f in frac],
-                    f"quant: matvec (m=1) bandwidth at n={biggest:g}", "weight bytes read per second")
+                    f"quant: matvec (m=1) bandwidth at n={fmt_x(biggest)}", "weight bytes read per second")
         figs.append(figure("Weight bytes (codes, scales) read per second of the batch-1 matvec, RTN weights; beside each "
                            "bar, the fraction of this machine's copy bandwidth (frac_of_copy_ceiling).", img))
     return figs
