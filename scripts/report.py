@@ -400,34 +400,23 @@ def figure(caption_html, img):
     return f"<figure>{img}{cap}</figure>"
 
 
-class BytesFormatter(ticker.Formatter):
-    """fmt_bytes with the fewest significant digits (3 to 7) that tell the axis's ticks apart: peaks a few KiB
-    apart at 3 MiB read 2.996 MiB, 3 MiB, 3.004 MiB, not 3 MiB five times."""
-
-    def format_ticks(self, values):
-        for digits in range(3, 8):
-            labels = [fmt_bytes(v, digits) for v in values]
-            if len(set(labels)) == len(labels):
-                break
-        return labels
-
-    def __call__(self, v, pos=None):
-        return fmt_bytes(v)
-
-
 class DistinctFormatter(ticker.Formatter):
-    """Tick labels with the fewest significant digits (2 to 6) that tell the axis's ticks apart: errors
-    spread over a few percent (5.9e-07 .. 6.2e-07) read 5.95e-07, 6e-07, 6.05e-07, not 6e-07 twice."""
+    """Tick labels fmt(value, digits) with the fewest significant digits in `digits` that tell the axis's ticks
+    apart: errors spread over a few percent read 5.95e-07, 6e-07, 6.05e-07, not 6e-07 twice, and peaks a few
+    KiB apart at 3 MiB read 2.996 MiB, 3 MiB, 3.004 MiB, not 3 MiB five times."""
+
+    def __init__(self, fmt, digits):
+        self.fmt, self.digits = fmt, digits
 
     def format_ticks(self, values):
-        for digits in range(2, 7):
-            labels = [f"{x:.{digits}g}" for x in values]
+        for d in self.digits:
+            labels = [self.fmt(v, d) for v in values]
             if len(set(labels)) == len(labels):
                 break
         return labels
 
     def __call__(self, v, pos=None):
-        return f"{v:.3g}"
+        return self.fmt(v, 3)
 
 
 def set_log_axis(ax, which, values, kind):
@@ -440,7 +429,7 @@ def set_log_axis(ax, which, values, kind):
         set_scale("log", base=2)
         subs = (1.0, 1.5) if span < math.log10(6) else (1.0,)
         axis.set_major_locator(ticker.LogLocator(base=2, subs=subs, numticks=10))
-        axis.set_major_formatter(BytesFormatter())
+        axis.set_major_formatter(DistinctFormatter(fmt_bytes, range(3, 8)))
     else:
         set_scale("log")
         # Sub-decade ticks as dense as their labels allow (at 5, 6, 7 they ran into each other over half a decade).
@@ -452,7 +441,7 @@ def set_log_axis(ax, which, values, kind):
         elif span >= 1.5:
             axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.0e}"))
         else:
-            axis.set_major_formatter(DistinctFormatter())
+            axis.set_major_formatter(DistinctFormatter(lambda v, d: f"{v:.{d}g}", range(2, 7)))
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
