@@ -637,11 +637,12 @@ def binary_ticks(axis, top, most=6):
         axis.set_major_locator(ticker.MultipleLocator(2.0 ** max(0, math.ceil(math.log2(top / most)))))
 
 
-def bars(groups, stack_keys, title, ylabel, kind="bytes"):
+def bars(groups, stack_keys, title, ylabel, kind="bytes", notes=None):
     """Stacked bars: groups = [(label, {stack key: value})]. Upright for a few short labels; lying, with the
-    labels on the axis, for many or long ones (rotated under the axis they ran into each other)."""
+    labels on the axis, for many or long ones (rotated under the axis they ran into each other), or with
+    `notes` (one text per group, written at the end of its bar; no legend then: the axis names the one key)."""
     labels = [g[0] for g in groups]
-    lying = len(groups) > 8 or max((len(lab) for lab in labels), default=0) > 24
+    lying = notes is not None or len(groups) > 8 or max((len(lab) for lab in labels), default=0) > 24
     wrapped = [textwrap.fill(lab, 40) for lab in labels]
     tall = 1.3 + sum(0.16 + 0.12 * (w.count("\n") + 1) for w in wrapped)
     fig, ax = plt.subplots(figsize=(7.4, tall) if lying else (6.4, 4.2))
@@ -663,6 +664,11 @@ def bars(groups, stack_keys, title, ylabel, kind="bytes"):
     else:
         ax.set_xticks(pos)
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    for y, v, note in zip(pos, base, notes or []):
+        if note:
+            ax.text(v, y, " " + note, va="center", fontsize=7.5)
+    if notes and base.max() > 0:
+        ax.set_xlim(0, base.max() * 1.25)  # room for the notes
     axis = ax.xaxis if lying else ax.yaxis
     if kind == "bytes":
         binary_ticks(axis, float(base.max()) if len(base) else 0.0, 4 if lying else 6)
@@ -672,27 +678,8 @@ def bars(groups, stack_keys, title, ylabel, kind="bytes"):
     (ax.set_xlabel if lying else ax.set_ylabel)(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x" if lying else "y", alpha=0.3)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return fig_to_img(fig, title)
-
-
-def hbars(labels, values, notes, title, xlabel):
-    """Horizontal bars of rates (bytes/s), one per label, each with a note at its end."""
-    fig, ax = plt.subplots(figsize=(6.4, 0.27 * len(labels) + 1.3))
-    ys = range(len(labels))
-    ax.barh(ys, values, height=0.65, color=plt.get_cmap("tab10").colors[0])
-    ax.set_yticks(ys)
-    ax.set_yticklabels(labels, fontsize=8)
-    ax.invert_yaxis()
-    for y, v, note in zip(ys, values, notes):
-        if note:
-            ax.text(v, y, " " + note, va="center", fontsize=7.5)
-    ax.set_xlim(0, max(values) * 1.25 if values and max(values) > 0 else 1)
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_si(v, "B/s", 2)))
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, axis="x", alpha=0.3)
+    if notes is None:
+        ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig_to_img(fig, title)
 
@@ -735,9 +722,10 @@ def quant_figures(cases):
         biggest = max(c.x or 0 for c in matvec)
         sel = sorted([c for c in matvec if (c.x or 0) == biggest], key=lambda c: (c.params.get("format", ""), c.impl))
         frac = [c.counters.get("frac_of_copy_ceiling") for c in sel]
-        img = hbars([f"{c.params.get('format')} {c.impl}" for c in sel], [c.counters["gbytes_per_s"] * 1e9 for c in sel],
-                    [f"{f:.2f} of copy" if _isnum(f) else "" for f in frac],
-                    f"quant: matvec (m=1) bandwidth at n={fmt_x(biggest)}", "weight bytes read per second")
+        key = "weight bytes read per second"
+        img = bars([(f"{c.params.get('format')} {c.impl}", {key: c.counters["gbytes_per_s"] * 1e9}) for c in sel], [key],
+                   f"quant: matvec (m=1) bandwidth at n={fmt_x(biggest)}", key, kind="rate",
+                   notes=[f"{f:.2f} of copy" if _isnum(f) else "" for f in frac])
         figs.append(figure("Weight bytes (codes, scales) read per second of the batch-1 matvec, RTN weights; beside each "
                            "bar, the fraction of this machine's copy bandwidth (frac_of_copy_ceiling).", img))
     return figs
