@@ -128,7 +128,7 @@ std::filesystem::path default_fortunes_dir() {
 
 Corpus load_fortunes(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
-  const std::string where = "'" + dir.string() + "'";
+  const std::string where = std::string("'").append(dir.string()).append("'");
   std::error_code ec;
   if (!fs::exists(dir, ec))
     throw Error("fortunes corpus: directory " + where + " does not exist (install the Debian fortunes package: " +

@@ -23,10 +23,13 @@ std::string fmt(const char* f, double a, double b, double c) {
 }
 
 std::string Band::str() const {
-  if (lo && hi) return "[" + num(*lo) + ", " + num(*hi) + "]";
-  if (lo) return ">= " + num(*lo);
-  if (hi) return "<= " + num(*hi);
-  return "any value";
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "literal" + a temporary string.
+  std::string s;
+  if (lo && hi) s.append("[").append(num(*lo)).append(", ").append(num(*hi)).append("]");
+  else if (lo) s.append(">= ").append(num(*lo));
+  else if (hi) s.append("<= ").append(num(*hi));
+  else s = "any value";
+  return s;
 }
 
 Band claim_band(const ClaimSpec& spec, const std::string& key) {

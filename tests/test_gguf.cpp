@@ -175,7 +175,8 @@ TEST(Gguf, CorruptedCopiesGiveErrorsNamingTheFileAndField) {
 
   // Every truncation fails with an error (the header parts name the field, the data parts the tensor).
   uint64_t data_end = 0;  // the writer pads the file after the last tensor's data
-  for (const auto& t : gguf::File(small_dir() / "small.gguf").tensors()) data_end = std::max(data_end, t.offset + t.bytes);
+  const gguf::File small(small_dir() / "small.gguf");  // named: a temporary's tensors() would dangle in the loop
+  for (const auto& t : small.tensors()) data_end = std::max(data_end, t.offset + t.bytes);
   for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{11}, std::size_t{40}, q8, good.size() / 2,
                         static_cast<std::size_t>(data_end) - 1}) {
     const std::vector<uint8_t> cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));

@@ -186,7 +186,9 @@ TEST(Lora, OnlyTheAdaptersTrain) {
     }
     EXPECT_EQ(t->params(), base0) << precision::policy_name(p);
     EXPECT_GT(max_abs_diff(t->trainable_params(), ad0), 0.0) << precision::policy_name(p);
-    if (p != Policy::fp16_mixed) EXPECT_LT(last, first) << precision::policy_name(p) << ": the same batch three times";
+    if (p != Policy::fp16_mixed) {
+      EXPECT_LT(last, first) << precision::policy_name(p) << ": the same batch three times";
+    }
   }
 }
 
@@ -289,8 +291,8 @@ TEST(Qlora, EqualsLoraOnTheDecodedBaseBitForBit) {
   const auto L = model::param_layout(c);
   for (const auto& t : L.tensors) {
     const bool proj = t.shape.size() == 2 && t.offset != L.embed && t.offset != L.head;
-    for (int64_t i = 0; i < t.size; ++i)
-      if (!proj) ASSERT_EQ(decoded[t.offset + i], w[t.offset + i]) << t.name << " is not quantized";
+    if (proj) continue;
+    for (int64_t i = 0; i < t.size; ++i) ASSERT_EQ(decoded[t.offset + i], w[t.offset + i]) << t.name << " is not quantized";
   }
   TrainOptions bad = test::train_options(Policy::fp32);
   bad.base_format = nf4;

@@ -80,7 +80,7 @@ class SafeTensors : public ::testing::Test {
     const fs::path p = dir / "bad.safetensors";
     write_all(p, contents);
     const std::string e = error_of([&] { st::load(p); });
-    EXPECT_NE(e.find("'" + p.string() + "'"), std::string::npos) << "message does not name the file: " << e;
+    EXPECT_NE(e.find(std::string("'").append(p.string()).append("'")), std::string::npos) << "message does not name the file: " << e;
     EXPECT_EQ(error_of([&] { st::load_metadata(p); }), e) << "load_metadata validates the header the same way";
     return e;
   }
