@@ -15,6 +15,7 @@
 #include "impls/attention/simd/flash_simd.hpp"
 #include "impls/attention/tile_math.hpp"
 #include "simd_targets.hpp"
+#include "test_util.hpp"
 
 using namespace memtrade;
 using namespace memtrade::attention;
@@ -389,7 +390,7 @@ TEST(Attention, BadInputIsAClearError) {
 }
 
 TEST(Attention, AutoUsesTheStoredCrossover) {
-  const auto dir = std::filesystem::temp_directory_path() / "memtrade_state_test";
+  const auto dir = test::scratch_dir() / "state";
   std::filesystem::create_directories(dir);
   setenv("MEMTRADE_STATE_DIR", dir.c_str(), 1);
   std::ofstream(dir / "attention_crossover.json") << Json{{machine_classes()["cpu"].get<std::string>(), 100}}.dump();

@@ -8,6 +8,7 @@
 
 #include "harness/ab.hpp"
 #include "harness/compare.hpp"
+#include "test_util.hpp"
 
 using namespace memtrade;
 
@@ -363,7 +364,7 @@ TEST(Compare, MissingNewAndStatusChangedCasesAreListed) {
 }
 
 TEST(Compare, EveryRepetitionEntryIsRead) {
-  const auto path = std::filesystem::temp_directory_path() / "memtrade_reps.json";
+  const auto path = test::scratch_dir() / "reps.json";
   // Three repetition entries of one case: counters differ (as Google Benchmark's own do); the median
   // is kept; a null in any entry stays NaN; cpu_time is read per repetition.
   std::ofstream(path) << R"({"benchmarks": [
@@ -380,7 +381,7 @@ TEST(Compare, EveryRepetitionEntryIsRead) {
 }
 
 TEST(Compare, UnreadableFilesAreResultsErrorsNamingTheFile) {
-  const auto dir = std::filesystem::temp_directory_path();
+  const auto dir = test::scratch_dir();
   const auto trunc = dir / "memtrade_truncated.json";
   std::ofstream(trunc) << R"({"context": {}, "benchmarks": [{"name": "a", "real_ti)";
   try {

@@ -50,8 +50,7 @@ class TempDir : public ::testing::Test {
  protected:
   void SetUp() override {
     static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("memtrade_corpus_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    dir = test::scratch_dir() / ("corpus_" + std::to_string(counter++));
     fs::create_directories(dir);
   }
   void TearDown() override {

@@ -12,6 +12,7 @@
 
 #include "common/common.hpp"
 #include "model/gguf.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace memtrade;
@@ -22,7 +23,7 @@ namespace {
 // package is missing.
 const fs::path& small_dir() {
   static const fs::path dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("memtrade_gguf_" + std::to_string(::getpid()));
+    const fs::path d = test::scratch_dir() / "gguf";
     const std::string cmd = "python3 " MEMTRADE_SOURCE_DIR "/tests/gguf/make_small_gguf.py '" + d.string() + "' >/dev/null";
     const int rc = std::system(cmd.c_str());
     return rc == 0 ? d : fs::path();

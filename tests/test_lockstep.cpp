@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/common.hpp"
+#include "test_util.hpp"
 
 using namespace memtrade;
 
@@ -40,7 +41,7 @@ std::vector<std::string> lines(const std::filesystem::path& p) {
 }  // namespace
 
 TEST(Lockstep, PairsAlternateAndUnmatchedRecordsRunAlone) {
-  const auto log = std::filesystem::temp_directory_path() / "memtrade_lockstep_log.txt";
+  const auto log = test::scratch_dir() / "lockstep_log.txt";
   std::filesystem::remove(log);
   const std::vector<std::string> a_names = {"x", "y", "z"}, b_names = {"x", "z"};
   LockstepChild a = start_lockstep_child(scripted_run("A", a_names, log), "baseline");
@@ -57,7 +58,7 @@ TEST(Lockstep, PairsAlternateAndUnmatchedRecordsRunAlone) {
 }
 
 TEST(Lockstep, ARunThatDiesIsAnErrorNotAHang) {
-  const auto log = std::filesystem::temp_directory_path() / "memtrade_lockstep_log2.txt";
+  const auto log = test::scratch_dir() / "lockstep_log2.txt";
   std::filesystem::remove(log);
   LockstepChild a = start_lockstep_child(scripted_run("A", {"x", "y"}, log), "baseline");
   a.order = {"x", "y"};

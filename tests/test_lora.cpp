@@ -347,7 +347,7 @@ TEST(LoraMemoryModel, EqualsTheTrackedBytesToTheByte) {
 
 TEST(Lora, AdaptersRoundTripThroughPeftFiles) {
   const Config c = test::tiny_model();
-  const fs::path dir = fs::temp_directory_path() / "memtrade_lora_roundtrip";
+  const fs::path dir = test::scratch_dir() / "lora_roundtrip";
   fs::remove_all(dir);
   const LoraOptions lo = lora(4, LoraTargets::attention, 16);
   const auto ad = nonzero_adapters(c, lo, 3);
@@ -377,7 +377,7 @@ TEST(Lora, LoadsAnAdapterWrittenByPython) {
   if (std::system("python3 -c 'import safetensors, numpy' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3 with the safetensors and numpy packages is not available (pip install safetensors numpy)";
   const Config c = test::tiny_model();
-  const fs::path dir = fs::temp_directory_path() / "memtrade_lora_python";
+  const fs::path dir = test::scratch_dir() / "lora_python";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path script = dir / "write.py";

@@ -274,7 +274,7 @@ TEST(ModelTraining, BadBatchesAreRejected) {
 }
 
 TEST(ModelCheckpoint, SafetensorsRoundTripKeepsConfigAndValues) {
-  const auto dir = std::filesystem::temp_directory_path() / "memtrade_test_model_ckpt";
+  const auto dir = test::scratch_dir() / "model_ckpt";
   std::filesystem::create_directories(dir);
   const Config c = tiny();
   const auto w = init_params(c, 4);

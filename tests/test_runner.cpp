@@ -11,6 +11,7 @@
 #include "harness/probe.hpp"
 #include "harness/runner.hpp"
 #include "toy_technique.hpp"
+#include "test_util.hpp"
 
 using namespace memtrade;
 using memtrade::test::toy_case;
@@ -34,7 +35,7 @@ const Impl& impl_named(const Technique& t, const std::string& name) {
 }
 
 fs::path suite_dir(const std::string& name, const std::string& body) {
-  const auto dir = fs::temp_directory_path() / ("memtrade_runner_" + name);
+  const auto dir = test::scratch_dir() / ("runner_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / (name + ".json")) << body;

@@ -68,7 +68,7 @@ class SafeTensors : public ::testing::Test {
  protected:
   void SetUp() override {
     static int counter = 0;
-    dir = fs::temp_directory_path() / ("memtrade_st_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    dir = test::scratch_dir() / ("safetensors_" + std::to_string(counter++));
     fs::create_directories(dir);
   }
   void TearDown() override {

@@ -4,13 +4,14 @@
 #include <fstream>
 
 #include "harness/suite.hpp"
+#include "test_util.hpp"
 
 using namespace memtrade;
 namespace fs = std::filesystem;
 
 namespace {
 fs::path write_temp(const std::string& name, const std::string& text) {
-  const auto p = fs::temp_directory_path() / ("memtrade_test_" + name + ".json");
+  const auto p = test::scratch_dir() / (name + ".json");
   std::ofstream(p) << text;
   return p;
 }
@@ -57,7 +58,7 @@ TEST(Suite, MalformedFilesGetMessagesNamingTheProblem) {
   EXPECT_NE(error_of(R"({"suite": "s", "technique": "t", "x_param": "n", "profiles": {"q": {"grid": [{"n": [1]}, {"n": [1]}]}}})")
                 .find("twice"), std::string::npos);
   const auto msg = error_of("{");
-  EXPECT_NE(msg.find("memtrade_test_bad.json"), std::string::npos) << msg;  // names the file
+  EXPECT_NE(msg.find((test::scratch_dir() / "bad.json").string()), std::string::npos) << msg;  // names the file
   EXPECT_THROW(load_suite("/nonexistent/suite.json"), Error);
 }
 
