@@ -19,8 +19,12 @@ using kvcache::KvCache;
 using kvcache::KvShape;
 using kvcache::KvType;
 
-inline constexpr KvType kTypes[] = {KvType::f32,      KvType::bf16,            KvType::f16,  KvType::int8,
-                                    KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4, KvType::int4_smooth};
+inline constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,        KvType::f16,  KvType::int8,
+                                    KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
+                                    KvType::int4_smooth, KvType::q8_0, KvType::q4_0};
+
+// Whether type t takes head_dim hd (q8_0 and q4_0 need a multiple of their block of 32).
+inline bool takes(KvType t, int64_t hd) { return !KvShape{1, 1, hd, t}.blocked() || hd % 32 == 0; }
 
 // fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s; int4-smooth factors in
 // [1/8, 8) for every (layer, kv head, channel).

@@ -381,6 +381,10 @@ TEST(Claims, Fp8KvPerplexityAgainstTheFp32Cache) {
   EXPECT_EQ(check("kvcache_model", "kv-fp8", {base, kv("int8", 20.02, 0.0005, 516), kv("fp8-e4m3", 20.04, 0.0005, 516)}).verdict,
             "reproduced");
   EXPECT_EQ(check("kvcache_model", "kv-fp8", {base, kv("int8", 20.4, 0.0005, 516)}).verdict, "not_reproduced");  // +2%
+  // llama.cpp's q8_0 counts as an 8-bit type: a +2% q8_0 beside a good int8 is not reproduced.
+  const auto q8 = check("kvcache_model", "kv-fp8", {base, kv("int8", 20.02, 0.0005, 516), kv("q8_0", 20.4, 0.0005, 531)});
+  EXPECT_EQ(q8.verdict, "not_reproduced");
+  EXPECT_NE(q8.measured.find("q8_0: perplexity +2.000%"), std::string::npos) << q8.measured;
   EXPECT_EQ(check("kvcache_model", "kv-fp8", {base, kv("int8", 20.09, 0.002, 516)}).verdict, "inconclusive");
   EXPECT_EQ(check("kvcache_model", "kv-fp8", {kv("int8", 20.0, 0.001, 516)}).verdict, "out_of_scope");  // no fp32 cache
   // Control: a "quantized" cache that stores garbage is never reproduced.

@@ -39,10 +39,12 @@ std::vector<float> run_emulated(const DecodePlan& p, const std::vector<float>& q
 
 TEST(KvCacheCudaEmulated, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEqualsContiguous) {
   auto dev = make_cpu_device();
-  int whole_slices = 0;  // cases whose lanes load their slices whole
+  int whole_slices = 0, cases = 0;  // cases whose lanes load their slices whole, of all
   // (head_dim, query heads per KV head): partial lanes (40), whole-slice loads of 2, 4 and 8 elements.
   for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{40, 12}, {64, 1}, {128, 4}, {256, 1}})
     for (KvType t : kTypes) {
+      if (!takes(t, hd)) continue;
+      ++cases;
       KvShape s{1, 2, hd, t};
       random_static_scales(s, 4);
       const int64_t heads = 2 * group, B = 3, max_len = 40, split = 16;  // 40 tokens: three splits of 16
@@ -65,5 +67,5 @@ TEST(KvCacheCudaEmulated, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEq
   // Both load paths ran: whole slices (head_dim 64, 128, 256 but int8 / fp8 at 256, whose 260-byte
   // records are not 8-byte aligned) and element by element.
   EXPECT_GT(whole_slices, 0);
-  EXPECT_LT(whole_slices, 32);
+  EXPECT_LT(whole_slices, cases);
 }

@@ -24,7 +24,8 @@
 // the splits; CudaDecode uploads that plan once into the device pool (tag workspace) and runs it. One
 // thread block per (split, KV head, up to 8 of its query heads); each of its 4 warps takes tokens of the
 // split in turn, a few at a time (their K and V loads in flight together), each lane holding a slice of
-// head_dim (128-bit loads where the records allow); scores by warp shuffles, the online softmax per query
+// head_dim (128-bit loads where the records allow; q8_0 / q4_0: a slice lies in one block of 32, the lane
+// scales its part of the dot product and of the values by that block's scale); scores by warp shuffles, the online softmax per query
 // head, the 4 warps merged in shared memory, and a request of several splits merged by a second kernel
 // in split order. Tokens go to warps by position only, so paged and contiguous caches give the same bits.
 #pragma once

@@ -33,7 +33,10 @@ struct Args {
 };
 
 constexpr int bits_of(KvType t) {
-  return t == KvType::f32 ? 32 : (t == KvType::bf16 || t == KvType::f16) ? 16 : (t == KvType::int4 || t == KvType::int4_smooth) ? 4 : 8;
+  return t == KvType::f32                                                          ? 32
+         : (t == KvType::bf16 || t == KvType::f16)                                 ? 16
+         : (t == KvType::int4 || t == KvType::int4_smooth || t == KvType::q4_0) ? 4
+                                                                                   : 8;
 }
 
 // The codes of a lane's slice of a record: elements lane * E .. lane * E + E - 1. kVec: head_dim = 32 E and
@@ -126,8 +129,13 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
         const uint8_t* e = plan_entry(blocks, 0, bt, a.entry_bytes, t0 + u);
         load_codes<K, E, kVec>(e + koff, lane, hd, kc[u]);
         load_codes<K, E, kVec>(e + voff, lane, hd, vc[u]);
-        ks[u] = record_scale(K, e + koff, hd);
-        vs[u] = record_scale(K, e + voff, hd);
+        if constexpr (record_blocked(K)) {  // the scales of the lane's block (its slice lies in one)
+          ks[u] = lane * E < hd ? block_scale(K, e + koff, hd, lane * E) : 0.f;
+          vs[u] = lane * E < hd ? block_scale(K, e + voff, hd, lane * E) : 0.f;
+        } else {
+          ks[u] = record_scale(K, e + koff, hd);
+          vs[u] = record_scale(K, e + voff, hd);
+        }
       }
     }
 #pragma unroll
@@ -144,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
         float d = 0.f;
 #pragma unroll
         for (int e = 0; e < E; ++e) d = fmaf(q[j][e], kv[e], d);
-        const float s = warp_sum(d) * ks[u];
+        const float s = record_blocked(K) ? warp_sum(d * ks[u]) : warp_sum(d) * ks[u];
         if (s > m[j]) {  // a new max: rescale what was accumulated (uniform across the warp)
           const float c = attention::exp_approx(m[j] - s);
           l[j] *= c;
@@ -282,6 +290,8 @@ inline SplitKernel split_kernel(const DecodePlan& p, const Shape& s) {
     case KvType::fp8_e4m3_static: return split_kernel_type<KvType::fp8_e4m3_static>(e, vec, s.gm);
     case KvType::int4:
     case KvType::int4_smooth: return split_kernel_type<KvType::int4>(e, vec, s.gm);  // int4-smooth: smoothed queries
+    case KvType::q8_0: return split_kernel_type<KvType::q8_0>(e, vec, s.gm);
+    case KvType::q4_0: return split_kernel_type<KvType::q4_0>(e, vec, s.gm);
   }
   return nullptr;
 }

@@ -20,16 +20,18 @@ const char* kv_type_name(KvType t) {
     case KvType::fp8_e4m3_static: return "fp8-e4m3-static";
     case KvType::int4: return "int4";
     case KvType::int4_smooth: return "int4-smooth";
+    case KvType::q8_0: return "q8_0";
+    case KvType::q4_0: return "q4_0";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
   for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static,
-                   KvType::int4, KvType::int4_smooth})
+                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0})
     if (s == kv_type_name(t)) return t;
   throw Error("unknown KV cache dtype \"" + s +
-              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth)");
+              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0)");
 }
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
@@ -41,6 +43,9 @@ void KvShape::validate() const {
   MT_CHECK(layers > 0 && kv_heads > 0 && head_dim > 0, "kv cache: layers, kv_heads and head_dim must be positive");
   MT_CHECK((type != KvType::int4 && type != KvType::int4_smooth) || head_dim % 2 == 0,
            "kv cache: int4 packs two values per byte, so head_dim must be even (got " + std::to_string(head_dim) + ")");
+  MT_CHECK(!blocked() || head_dim % kKvBlock == 0, std::string("kv cache: ") + kv_type_name(type) +
+                                                      " scales blocks of 32 values, so head_dim must be a multiple of 32 (got " +
+                                                      std::to_string(head_dim) + ")");
   if (!key_smoothing.empty()) {
     MT_CHECK(static_cast<int64_t>(key_smoothing.size()) == layers * kv_heads * head_dim,
              "kv cache: " + std::to_string(key_smoothing.size()) + " key smoothing factors for " + std::to_string(layers) +
@@ -61,14 +66,55 @@ int64_t KvShape::elem_bits() const {
   switch (type) {
     case KvType::f32: return 32;
     case KvType::bf16: case KvType::f16: return 16;
-    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: return 8;
-    case KvType::int4: case KvType::int4_smooth: return 4;
+    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: case KvType::q8_0: return 8;
+    case KvType::int4: case KvType::int4_smooth: case KvType::q4_0: return 4;
   }
   return 32;
 }
 
+namespace {
+
+// q8_0 / q4_0: ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref block by block (the same float
+// operations in the same order, so the same codes and fp16 scales), the codes in the record's order. A
+// block with a NaN or Inf gets a NaN scale and zero codes.
+void encode_blocks(KvType t, const float* x, int64_t n, uint8_t* r) {
+  uint8_t* scales = r + record_code_bytes(t, n);
+  for (int64_t b = 0; b < n / kKvBlock; ++b) {
+    const float* xb = x + b * kKvBlock;
+    float amax = 0.f, max = 0.f;
+    bool finite = true;
+    for (int64_t i = 0; i < kKvBlock; ++i) {
+      finite = finite && std::isfinite(xb[i]);
+      if (amax < std::abs(xb[i])) {
+        amax = std::abs(xb[i]);
+        max = xb[i];
+      }
+    }
+    const float d = !finite ? NAN : t == KvType::q8_0 ? amax / 127.f : max / -8.f;
+    const float inv = 1.f / d;  // ggml's id; 0 for a zero block (and where 1 / d overflows: values that small
+                                // store a zero fp16 scale anyway)
+    const float id = finite && d != 0.f && std::isfinite(inv) ? inv : 0.f;
+    const uint16_t bits = to_f16(d).bits;
+    std::memcpy(scales + 2 * b, &bits, 2);
+    for (int64_t i = 0; i < kKvBlock; ++i) {
+      const int64_t e = b * kKvBlock + i;
+      const float v = finite ? xb[i] * id : 0.f;
+      if (t == KvType::q8_0) {
+        r[e] = static_cast<uint8_t>(static_cast<int8_t>(std::round(v)));  // roundf: halves away from zero
+      } else {
+        const auto q = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(v + 8.5f))));
+        r[e / 2] = static_cast<uint8_t>(e % 2 ? (r[e / 2] & 0x0F) | q << 4 : q);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales sc) {
   switch (t) {
+    case KvType::q8_0:
+    case KvType::q4_0: return encode_blocks(t, x, n, r);
     case KvType::fp8_e4m3_static:
       for (int64_t i = 0; i < n; ++i) r[i] = quant::fp8_e4m3_encode(x[i] / sc.scale);
       return;
@@ -114,6 +160,10 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales s
 void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, RecordScales sc) {
   if (t == KvType::f32) {
     std::memcpy(x, r, n * 4);
+    return;
+  }
+  if (record_blocked(t)) {
+    for (int64_t i = 0; i < n; ++i) x[i] = block_scale(t, r, n, i) * record_value(t, r, i);
     return;
   }
   // The record's scale, or the shape's static one; the 16-bit types have none (their values as stored).

@@ -16,13 +16,24 @@
 //                        encoding, and multiplied back on decode; the decode kernel multiplies the query by
 //                        lambda instead (q.k = (q lambda).(k / lambda)). Outlier channels stop setting every
 //                        token's scale. V records are plain int4. No factors: plain int4 for K too.
+//   q8_0 / q4_0          llama.cpp's KV cache types (--cache-type-k/v q8_0, q4_0): one fp16 scale d per
+//                        block of 32 elements, with ggml's arithmetic (quantize_row_q8_0_ref / _q4_0_ref):
+//                        q8_0 codes q = roundf(x / d) with d = amax / 127; q4_0 codes q = min(15, trunc(x / d
+//                        + 8.5)) with d = -max / 8, max the element of largest magnitude (which lands on -8),
+//                        value d (q - 8). Each record holds its codes (q8_0: head_dim int8; q4_0: head_dim / 2
+//                        bytes in int4's nibble order, not ggml's) then the head_dim / 32 fp16 scales, so an
+//                        outlier channel sets the step of its block of 32 only. The values equal ggml's
+//                        dequantized blocks bit for bit (tests/test_kvcache.cpp checks them against the
+//                        gguf package). head_dim must be a multiple of 32.
 //   fp8-e4m3-static      head_dim E4M3 codes of x / s with a static scale s per (layer, K or V, kv head)
 //                        held by the shape (vLLM's k_scale / v_scale, calibrated before serving; 1 when
 //                        none is given), no scale in the record: exactly half of bf16's bytes. Values
 //                        beyond 448 s saturate; the kernel folds s into the scores and the output.
 // A vector of zeros stores s = 0 and decodes to zeros; a NaN or Inf element makes the scale non-finite
-// and the whole vector decodes to NaN (a defined, visible result); with a static scale, a NaN element
-// stays NaN and an infinite one saturates, element by element.
+// and the whole vector decodes to NaN (a defined, visible result; q8_0 / q4_0: its block of 32); with a
+// static scale, a NaN element stays NaN and an infinite one saturates, element by element. A q8_0 / q4_0
+// block whose scale passes fp16's range (amax above 8.3e6 / 5.2e5) stores an infinite scale and decodes
+// to infinities and NaNs, as ggml's does.
 //
 // A token's entry at one layer is [K, V] x kv_heads head records: 2 * kv_heads * head_bytes bytes.
 // Layouts (all bytes from the device's tracked pool, tag kv):
@@ -55,9 +66,10 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0 };
 const char* kv_type_name(KvType t);
-// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth"; Error otherwise
+// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0";
+// Error otherwise
 KvType parse_kv_type(const std::string& s);
 
 // What scales a record beyond its own bytes: fp8-e4m3-static's scale of its (layer, K or V, kv head), and
@@ -76,8 +88,8 @@ struct KvShape {
   // int4-smooth: [layers][kv_heads][head_dim] key smoothing factors (empty: none). Ignored by the others.
   std::vector<float> key_smoothing{};
   // The static scale of (layer, kv = 0 for K / 1 for V, head); 1 for every other type. Error when
-  // static_scales is set with the wrong size or a scale that is not positive and finite, or int4 has an
-  // odd head_dim.
+  // static_scales is set with the wrong size or a scale that is not positive and finite, int4 has an
+  // odd head_dim, or q8_0 / q4_0 one that is not a multiple of 32.
   float scale(int64_t layer, int kv, int64_t head) const;
   // What a decode kernel multiplies the scores of KV head `head` by: 1 / sqrt(head_dim) x the static K scale.
   float qk_scale(int64_t layer, int64_t head) const {
@@ -100,7 +112,8 @@ struct KvShape {
   bool scaled() const {
     return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4 || type == KvType::int4_smooth;
   }
-  int64_t head_bytes() const { return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0); }
+  bool blocked() const { return type == KvType::q8_0 || type == KvType::q4_0; }  // an fp16 scale per 32 elements
+  int64_t head_bytes() const { return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0) + (blocked() ? head_dim / 16 : 0); }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
 };

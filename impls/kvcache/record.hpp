@@ -1,8 +1,9 @@
 // One element of a head record and the record's own scale (kv_cache.hpp describes the records), for the
 // host and for CUDA: decode_head (the CPU's decoding, which the tests check against the encoders) is
 // written with these, and so are the CUDA decode kernels (decode_kernels.cuh). A value is
-// record_scale(t, r, hd) x record_value(t, r, i); the static fp8 scale and int4-smooth's factors come
-// from the shape (RecordScales), not from the record.
+// element_scale(t, r, hd, i) x record_value(t, r, i): the record's own scale (record_scale), or for q8_0
+// and q4_0 the scale of element i's block (block_scale); the static fp8 scale and int4-smooth's factors
+// come from the shape (RecordScales), not from the record.
 #pragma once
 
 #include <cstdint>
@@ -28,30 +29,33 @@ MT_HD T record_load(const uint8_t* r, int64_t i) {
 #endif
 }
 
-// The value of one element code, unscaled: the fp32 bits, bf16 or fp16 bits, the int8 code, an E4M3
-// code (decoded), or an int4 code (the nibble, 0..15, less 8).
+// The value of one element code, unscaled: the fp32 bits, bf16 or fp16 bits, the int8 code (int8, q8_0),
+// an E4M3 code (decoded), or a 4-bit code (int4, q4_0: the nibble, 0..15, less 8).
 MT_HD float code_value(KvType t, uint32_t code) {
   switch (t) {
     case KvType::f32: return detail::bits_as_float(code);
     case KvType::bf16: return bf16_bits_to_float(static_cast<uint16_t>(code));
     case KvType::f16: return half_bits_to_float(static_cast<uint16_t>(code));
-    case KvType::int8: return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(code)));
+    case KvType::int8:
+    case KvType::q8_0: return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(code)));
     case KvType::fp8_e4m3:
     case KvType::fp8_e4m3_static: return quant::fp8_e4m3_decode(static_cast<uint8_t>(code));
     case KvType::int4:
-    case KvType::int4_smooth: return static_cast<float>(static_cast<int>(code & 15) - 8);
+    case KvType::int4_smooth:
+    case KvType::q4_0: return static_cast<float>(static_cast<int>(code & 15) - 8);
   }
   return 0.f;
 }
 
-// Element i's code in a record (int4: element 2j in the low nibble of byte j, 2j + 1 in the high one).
+// Element i's code in a record (int4, q4_0: element 2j in the low nibble of byte j, 2j + 1 in the high one).
 MT_HD uint32_t record_code(KvType t, const uint8_t* r, int64_t i) {
   switch (t) {
     case KvType::f32: return record_load<uint32_t>(r, i);
     case KvType::bf16:
     case KvType::f16: return record_load<uint16_t>(r, i);
     case KvType::int4:
-    case KvType::int4_smooth: return (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15u;
+    case KvType::int4_smooth:
+    case KvType::q4_0: return (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15u;
     default: return r[i];
   }
 }
@@ -76,13 +80,41 @@ MT_HD bool record_scaled(KvType t) {
   return t == KvType::int8 || t == KvType::fp8_e4m3 || t == KvType::int4 || t == KvType::int4_smooth;
 }
 
+// Bytes of a record's codes: its scale or scales follow them.
+MT_HD int64_t record_code_bytes(KvType t, int64_t hd) {
+  switch (t) {
+    case KvType::f32: return 4 * hd;
+    case KvType::bf16:
+    case KvType::f16: return 2 * hd;
+    case KvType::int4:
+    case KvType::int4_smooth:
+    case KvType::q4_0: return hd / 2;
+    default: return hd;
+  }
+}
+
 // The record's own scale (1 for the types that store none), read byte by byte: it sits right after the
 // codes (byte hd, or hd / 2 for int4), which need not be 4-byte aligned.
 MT_HD float record_scale(KvType t, const uint8_t* r, int64_t hd) {
   if (!record_scaled(t)) return 1.f;
-  const uint8_t* s = r + (t == KvType::int4 || t == KvType::int4_smooth ? hd / 2 : hd);
+  const uint8_t* s = r + record_code_bytes(t, hd);
   return detail::bits_as_float(static_cast<uint32_t>(s[0]) | static_cast<uint32_t>(s[1]) << 8 |
                                static_cast<uint32_t>(s[2]) << 16 | static_cast<uint32_t>(s[3]) << 24);
+}
+
+// q8_0 and q4_0: an fp16 scale per block of kKvBlock elements, the blocks' scales in order after the codes.
+constexpr int64_t kKvBlock = 32;
+MT_HD constexpr bool record_blocked(KvType t) { return t == KvType::q8_0 || t == KvType::q4_0; }
+
+// The scale of element i's block (q8_0, q4_0), read byte by byte.
+MT_HD float block_scale(KvType t, const uint8_t* r, int64_t hd, int64_t i) {
+  const uint8_t* s = r + record_code_bytes(t, hd) + 2 * (i / kKvBlock);
+  return half_bits_to_float(static_cast<uint16_t>(s[0] | s[1] << 8));
+}
+
+// What multiplies element i's record_value: its block's scale, the record's own, or 1.
+MT_HD float element_scale(KvType t, const uint8_t* r, int64_t hd, int64_t i) {
+  return record_blocked(t) ? block_scale(t, r, hd, i) : record_scale(t, r, hd);
 }
 
 }  // namespace memtrade::kvcache

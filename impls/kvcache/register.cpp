@@ -339,7 +339,8 @@ class QualityWorkload final : public Workload {
   std::vector<double> losses_;
 };
 
-// kv-fp8: "FP8/INT8 KV halves KV memory with negligible loss": per 8-bit type, the perplexity change
+// kv-fp8: "FP8/INT8 KV halves KV memory with negligible loss": per 8-bit type (vLLM's int8 / fp8, llama.cpp's
+// q8_0), the perplexity change
 // against the fp32 cache's (band from the suite) and the bytes per token against bf16's.
 ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
@@ -355,7 +356,7 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   std::string measured;
   std::vector<std::string> verdicts;
   char buf[256];
-  for (const char* dt : {"int8", "fp8-e4m3", "fp8-e4m3-static"}) {
+  for (const char* dt : {"int8", "fp8-e4m3", "fp8-e4m3-static", "q8_0"}) {
     const Record* r = find(dt);
     if (!r) continue;
     const double v = std::exp(std::log(r->counter("perplexity")) - std::log(base->counter("perplexity"))) - 1;
@@ -371,7 +372,7 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   return {measured, combine_verdicts(verdicts),
           "band " + band.str() + " on the perplexity change; int8 and fp8-e4m3: per-token-per-head amax scales "
           "computed on write; fp8-e4m3-static: one scale per (layer, K or V, kv head) calibrated on training windows, "
-          "none stored; the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
+          "none stored; q8_0: llama.cpp's int8 KV, an fp16 scale per 32 values; the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
 }
 
 // offload-latency: "offloading KV or weights to the CPU costs 2-5x latency", as the offloaded decode's
@@ -577,8 +578,8 @@ void register_technique(Registry& r) {
         int_param("heads", "query heads"),
         int_param("kv_heads", "key/value heads (divide heads)"),
         int_param("head_dim", "head dimension", nullptr, 1, 256),
-        text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: unit scales)", nullptr,
-                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4"}),
+        text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's)", nullptr,
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "q8_0", "q4_0"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
         int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
@@ -600,7 +601,9 @@ void register_technique(Registry& r) {
     t.error_rule.reference_bound = [](const Case& c, const Problem&) {
       return 2.0 * static_cast<double>(c.integer("head_dim") + c.integer("context") + 8) * std::ldexp(1.0, -24);
     };
-    t.validate = [](const Case& c) { parse_kv_type(c.text("kv_dtype")); };
+    t.validate = [](const Case& c) {
+      KvShape{1, c.integer("kv_heads"), c.integer("head_dim"), parse_kv_type(c.text("kv_dtype"))}.validate();
+    };
     t.prepare = prepare_decode;
     add_layouts<DecodeProblem, DecodeWorkload>(t, "fp32 online-softmax kernel over per-request reserved ranges",
                                                "the same kernel over block tables of a shared block pool (CUDA: the "
@@ -655,8 +658,8 @@ void register_technique(Registry& r) {
         text_param("model", "the model", "smollm2", {"smollm2"}),
         text_param("kv_dtype",
                    "storage of K and V (fp8-e4m3-static: scales, int4-smooth: key smoothing factors, calibrated on "
-                   "training windows)",
-                   nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth"}),
+                   "training windows; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values)",
+                   nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         text_param("activations",
                    "inputs of the batch-1 matvecs: fp32 (the packed kernels) or int8 (packed-a8: rounded per block "

@@ -82,11 +82,12 @@ HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
 #endif
 }
 
-// A head record of storage type K: Lanes(DF) elements from element i as fp32 (unscaled), one element, and
-// the record's own scale (1 where the type has none, or a static one the caller folds in).
+// A head record of storage type K (head_dim hd): Lanes(DF) elements from element i as fp32 (unscaled; q8_0
+// and q4_0 times their block's scale), one element, and the record's own scale (1 where the type has
+// none, or a static one the caller folds in).
 template <KvType K>
 struct Rec {
-  static HWY_INLINE VF load(const uint8_t* r, int64_t i) {
+  static HWY_INLINE VF load(const uint8_t* r, int64_t i, [[maybe_unused]] int64_t hd) {
     if constexpr (K == KvType::f32) return hn::LoadU(DF(), reinterpret_cast<const float*>(r) + i);
     else if constexpr (K == KvType::bf16) {
       // The bits on top; a NaN stays a NaN, unquieted. convert-inl.h's LoadF32 also quiets NaNs, which cost
@@ -98,11 +99,19 @@ struct Rec {
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     else if constexpr (K == KvType::int4) return Int4(r, i);
+    else if constexpr (record_blocked(K)) {  // a vector never straddles two blocks of 32
+      const VF c = K == KvType::q8_0 ? quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i) : Int4(r, i);
+      // The scale through convert-inl.h's widening (Highway's own, without F16C, makes a NaN or Inf finite).
+      const auto* s = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 2 * (i / kKvBlock));
+      return hn::Mul(c, hn::Set(DF(), hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(hn::CappedTag<float, 1>(), s))));
+    }
     // Per-record fp8 codes are never NaN (encode_head: a non-finite input makes the record's scale NaN and
     // its codes 0); static-scale records keep a NaN input's NaN code.
     else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, K == KvType::fp8_e4m3_static>(r + i);
   }
-  static HWY_INLINE float elem(const uint8_t* r, int64_t i) { return record_value(K, r, i); }
+  static HWY_INLINE float elem(const uint8_t* r, int64_t i, int64_t hd) {
+    return record_blocked(K) ? block_scale(K, r, hd, i) * record_value(K, r, i) : record_value(K, r, i);
+  }
   static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return record_scale(K, r, hd); }
 };
 
@@ -156,7 +165,7 @@ template <KvType K, int JB>
 HWY_NOINLINE void ScoreTail(const uint8_t* const* k, int64_t i, int64_t hd, const float* q, float (*d)[4]) {
   for (int b = 0; b < kTB<K>; ++b)
     for (int j = 0; j < JB; ++j)
-      for (int64_t e = i; e < hd; ++e) d[b][j] += q[j * hd + e] * Rec<K>::elem(k[b], e);
+      for (int64_t e = i; e < hd; ++e) d[b][j] += q[j * hd + e] * Rec<K>::elem(k[b], e, hd);
 }
 
 // The scores of kTB<K> tokens (K records k[0 .. kTB<K>)) for JB query heads (q: JB x head_dim, consecutive):
@@ -173,7 +182,7 @@ HWY_INLINE void ScoreBlock(const uint8_t* const* k, int64_t hd, const float* q, 
   int64_t i = 0;
   for (; i + N <= hd; i += N) {
     VF x[kTB<K>];
-    for (int b = 0; b < kTB<K>; ++b) x[b] = Rec<K>::load(k[b], i);
+    for (int b = 0; b < kTB<K>; ++b) x[b] = Rec<K>::load(k[b], i, hd);
     for (int j = 0; j < JB; ++j) {
       const VF qv = InRegister(hn::LoadU(df, q + j * hd + i));
       for (int b = 0; b < kTB<K>; ++b) a[b][j] = hn::MulAdd(qv, x[b], a[b][j]);
@@ -202,7 +211,7 @@ HWY_NOINLINE void ValueTail(const uint8_t* const* vr, int64_t n, int64_t i, int6
   for (; i < hd; ++i)
     for (int j = 0; j < JB; ++j) {
       float acc = o[j * hd + i] * corr[j];
-      for (int64_t t = 0; t < n; ++t) acc += w[j][t] * Rec<K>::elem(vr[t], i);
+      for (int64_t t = 0; t < n; ++t) acc += w[j][t] * Rec<K>::elem(vr[t], i, hd);
       o[j * hd + i] = acc;
     }
 }
@@ -240,7 +249,7 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
       for (int v = 0; v < DB; ++v) acc[j][v] = hn::Mul(hn::LoadU(df, o + j * hd + i + v * N), hn::Set(df, corr[j]));
     for (int64_t t = 0; t < n; ++t) {
       VF x[DB];
-      for (int v = 0; v < DB; ++v) x[v] = Rec<K>::load(vr[t], i + v * N);
+      for (int v = 0; v < DB; ++v) x[v] = Rec<K>::load(vr[t], i + v * N, hd);
       for (int j = 0; j < JB; ++j) {
         const VF wt = hn::Set(df, w[j][t]);
         for (int v = 0; v < DB; ++v) acc[j][v] = hn::MulAdd(wt, x[v], acc[j][v]);
@@ -436,6 +445,8 @@ void DecodeUnitImpl(const DecodeUnit& u) {
     case KvType::fp8_e4m3_static: return Decode<KvType::fp8_e4m3_static>(u);  // no record scale (see Rec)
     case KvType::int4: return Decode<KvType::int4>(u);
     case KvType::int4_smooth: return Decode<KvType::int4>(u);  // int4 records; the caller smooths the queries
+    case KvType::q8_0: return Decode<KvType::q8_0>(u);
+    case KvType::q4_0: return Decode<KvType::q4_0>(u);
   }
 }
 

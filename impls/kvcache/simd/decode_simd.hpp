@@ -8,8 +8,9 @@
 // online-softmax step (vector exp: tile_math.hpp's exp_approx step for step), then the chunk's values
 // added into the output (several vectors of output columns held in registers across the chunk, each V
 // record decoded once for the query heads). Per-record scales (int8, fp8-e4m3, int4) multiply the scores
-// and the softmax weights, not the elements; int4 codes are decoded in registers like the 8-bit ones (a
-// byte shuffle and a bit-pattern conversion, no fp32 copy of the record).
+// and the softmax weights, not the elements; q8_0 / q4_0 block scales multiply the decoded vectors (a
+// vector lies in one block of 32); int4 codes are decoded in registers like the 8-bit ones (a byte
+// shuffle and a bit-pattern conversion, no fp32 copy of the record).
 // The order in which a chunk's records are read depends on the storage type. fp32, bf16 and fp16 score
 // block of tokens by block of tokens across the unit's KV heads (each token's K records read front to back, a
 // stream the hardware prefetchers follow), then run the softmax and value pass KV head by KV head. The
