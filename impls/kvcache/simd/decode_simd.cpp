@@ -82,12 +82,12 @@ HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
 #endif
 }
 
-// A head record of storage type K (head_dim hd): Lanes(DF) elements from element i as fp32 (unscaled; q8_0
-// and q4_0 times their block's scale), one element, and the record's own scale (1 where the type has
-// none, or a static one the caller folds in).
+// A head record of storage type K (head_dim hd): Lanes(DF) elements from element i as fp32 (unscaled), the
+// scale of element i's block (q8_0, q4_0; in every lane), one element (scaled by its block's scale), and
+// the record's own scale (1 where the type has none, or a static one the caller folds in).
 template <KvType K>
 struct Rec {
-  static HWY_INLINE VF load(const uint8_t* r, int64_t i, [[maybe_unused]] int64_t hd) {
+  static HWY_INLINE VF load(const uint8_t* r, int64_t i) {
     if constexpr (K == KvType::f32) return hn::LoadU(DF(), reinterpret_cast<const float*>(r) + i);
     else if constexpr (K == KvType::bf16) {
       // The bits on top; a NaN stays a NaN, unquieted. convert-inl.h's LoadF32 also quiets NaNs, which cost
@@ -98,16 +98,16 @@ struct Rec {
     }
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
-    else if constexpr (K == KvType::int4) return Int4(r, i);
-    else if constexpr (record_blocked(K)) {  // a vector never straddles two blocks of 32
-      const VF c = K == KvType::q8_0 ? quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i) : Int4(r, i);
-      // The scale through convert-inl.h's widening (Highway's own, without F16C, makes a NaN or Inf finite).
-      const auto* s = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 2 * (i / kKvBlock));
-      return hn::Mul(c, hn::Set(DF(), hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(hn::CappedTag<float, 1>(), s))));
-    }
+    else if constexpr (K == KvType::int4 || K == KvType::q4_0) return Int4(r, i);
+    else if constexpr (K == KvType::q8_0) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     // Per-record fp8 codes are never NaN (encode_head: a non-finite input makes the record's scale NaN and
     // its codes 0); static-scale records keep a NaN input's NaN code.
     else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, K == KvType::fp8_e4m3_static>(r + i);
+  }
+  static HWY_INLINE VF block(const uint8_t* r, int64_t i, int64_t hd) {
+    // Widened by convert-inl.h: Highway's own fp16 promotion, without F16C, makes a NaN or Inf finite.
+    const auto* s = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 2 * (i / kKvBlock));
+    return hn::Set(DF(), hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(hn::CappedTag<float, 1>(), s)));
   }
   static HWY_INLINE float elem(const uint8_t* r, int64_t i, int64_t hd) {
     return record_blocked(K) ? block_scale(K, r, hd, i) * record_value(K, r, i) : record_value(K, r, i);
@@ -179,10 +179,18 @@ HWY_INLINE void ScoreBlock(const uint8_t* const* k, int64_t hd, const float* q, 
   VF a[kTB<K>][JB];
   for (int b = 0; b < kTB<K>; ++b)
     for (int j = 0; j < JB; ++j) a[b][j] = hn::Zero(df);
+  VF sc[kTB<K>];  // q8_0 / q4_0: each token's scale of the block at i (a vector lies in one block)
+  for (int b = 0; b < kTB<K>; ++b) sc[b] = hn::Zero(df);
   int64_t i = 0;
   for (; i + N <= hd; i += N) {
     VF x[kTB<K>];
-    for (int b = 0; b < kTB<K>; ++b) x[b] = Rec<K>::load(k[b], i, hd);
+    if constexpr (record_blocked(K))
+      if (i % kKvBlock == 0)
+        for (int b = 0; b < kTB<K>; ++b) sc[b] = Rec<K>::block(k[b], i, hd);
+    for (int b = 0; b < kTB<K>; ++b) {
+      x[b] = Rec<K>::load(k[b], i);
+      if constexpr (record_blocked(K)) x[b] = hn::Mul(x[b], sc[b]);
+    }
     for (int j = 0; j < JB; ++j) {
       const VF qv = InRegister(hn::LoadU(df, q + j * hd + i));
       for (int b = 0; b < kTB<K>; ++b) a[b][j] = hn::MulAdd(qv, x[b], a[b][j]);
@@ -249,7 +257,13 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
       for (int v = 0; v < DB; ++v) acc[j][v] = hn::Mul(hn::LoadU(df, o + j * hd + i + v * N), hn::Set(df, corr[j]));
     for (int64_t t = 0; t < n; ++t) {
       VF x[DB];
-      for (int v = 0; v < DB; ++v) x[v] = Rec<K>::load(vr[t], i + v * N, hd);
+      VF sc = hn::Zero(df);  // q8_0 / q4_0: the scale of the vector's block
+      for (int v = 0; v < DB; ++v) {
+        if constexpr (record_blocked(K))
+          if (v == 0 || (i + v * N) % kKvBlock == 0) sc = Rec<K>::block(vr[t], i + v * N, hd);
+        x[v] = Rec<K>::load(vr[t], i + v * N);
+        if constexpr (record_blocked(K)) x[v] = hn::Mul(x[v], sc);
+      }
       for (int j = 0; j < JB; ++j) {
         const VF wt = hn::Set(df, w[j][t]);
         for (int v = 0; v < DB; ++v) acc[j][v] = hn::MulAdd(wt, x[v], acc[j][v]);
