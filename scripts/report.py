@@ -602,12 +602,24 @@ def facet_figure(facets, colors, x_label, value_fn, title, ylabel, kind, errbars
     return fig_to_img(fig, title), note
 
 
-def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None):
-    """points: [(x, y, colour_key, marker_key)]; colour = one legend, marker = the other. yerr: [(lo, hi)]."""
+def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None, dodge=False):
+    """points: [(x, y, colour_key, marker_key)]; colour = one legend, marker = the other. yerr: [(lo, hi)].
+    dodge: colour keys that share an x are drawn side by side, 1.5% of the x range apart (a key's markers
+    still coincide)."""
     ckeys = sorted({p[2] for p in points})
     mkeys = sorted({p[3] for p in points})
     colors = impl_colors(ckeys)
     markers = dict(zip(mkeys, "os^Dv<>pP*hX"))
+    if dodge:
+        xs = [p[0] for p in points]
+        step = 0.015 * ((max(xs) - min(xs)) or 1.0)
+        at = {}
+        for x, _, ck, _ in points:
+            at.setdefault(float("%.6g" % x), set()).add(ck)
+        def shift(x, ck):
+            keys = sorted(at[float("%.6g" % x)])
+            return x + (keys.index(ck) - (len(keys) - 1) / 2) * step
+        points = [(shift(x, ck), y, ck, mk) for x, y, ck, mk in points]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (x, y, ck, mk) in enumerate(points):
         kw = dict(color=colors[ck], marker=markers.get(mk, "o"), s=46, zorder=3, edgecolors="black", linewidths=0.4)
@@ -771,10 +783,11 @@ def kvcache_model_figures(cases):
             err.append((100 * se, 100 * se) if _isnum(se) else (0, 0))
         img = scatter_labelled(pts, "kvcache_model: KV bytes per token vs perplexity change",
                                "KV cache KiB per token (all layers)", "perplexity vs the fp32 cache (%)", ylog=False,
-                               yerr=err)
+                               yerr=err, dodge=True)
         figs.append(figure("Validation perplexity through the cache relative to the fp32 cache on the same windows, "
                            "+- one standard error over the windows; colour = KV storage type, marker = layout (both "
-                           "layouts store the same records, so their points coincide).", img))
+                           "layouts store the same records, so their points coincide); types of equal bytes per "
+                           "token are drawn side by side.", img))
     wf = [c for c in cases if c.ok and "weights" in c.params and _isnum(c.counters.get("tokens_per_s"))
           and _isnum(c.counters.get("weight_bytes_read"))]
     if len(wf) >= 2:
