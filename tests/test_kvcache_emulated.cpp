@@ -40,8 +40,9 @@ std::vector<float> run_emulated(const DecodePlan& p, const std::vector<float>& q
 TEST(KvCacheCudaEmulated, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEqualsContiguous) {
   auto dev = make_cpu_device();
   int whole_slices = 0, cases = 0;  // cases whose lanes load their slices whole, of all
-  // (head_dim, query heads per KV head): partial lanes (40), whole-slice loads of 2, 4 and 8 elements.
-  for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{40, 12}, {64, 1}, {128, 4}, {256, 1}})
+  // (head_dim, query heads per KV head): partial lanes (40; 32, where q8_0 / q4_0's 16 lanes of one block
+  // leave 16 idle), whole-slice loads of 2, 4 and 8 elements.
+  for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{40, 12}, {32, 3}, {64, 1}, {128, 4}, {256, 1}})
     for (KvType t : kTypes) {
       if (!takes(t, hd)) continue;
       ++cases;
