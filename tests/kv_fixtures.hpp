@@ -21,7 +21,7 @@ using kvcache::KvType;
 
 inline constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,        KvType::f16,  KvType::int8,
                                     KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
-                                    KvType::int4_smooth, KvType::q8_0, KvType::q4_0};
+                                    KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2};
 
 // Whether type t takes head_dim hd (q8_0 and q4_0 need a multiple of their block of 32).
 inline bool takes(KvType t, int64_t hd) { return !KvShape{1, 1, hd, t}.blocked() || hd % 32 == 0; }

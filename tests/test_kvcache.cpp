@@ -98,13 +98,15 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
       // or amax/7 / 2; q8_0 half a step of its block (d = block amax / 127) plus the fp16 rounding of d
       // (127 codes x 2^-11 d); q4_0 a whole step d = block amax / 8 (the element opposite the block's max
       // clips to code 15: 7 d for 8 d) plus 8 x 2^-11 d;
-      // fp8-e4m3 half an ulp of a 3-bit mantissa (2^-4 relative) or half the subnormal step.
+      // fp8-e4m3 half an ulp of a 3-bit mantissa (2^-4 relative) or half the subnormal step; fp8-e5m2 (no
+      // scale) half an ulp of a 2-bit mantissa (2^-3 relative) or half its subnormal step 2^-16.
       const double err = std::abs(static_cast<double>(y[i]) - x[i]);
       double block_amax = 0;
       for (int64_t k = i / 32 * 32; k < i / 32 * 32 + 32; ++k) block_amax = std::max(block_amax, std::abs(static_cast<double>(x[k])));
       const double bound = t == KvType::f32    ? 0
                            : t == KvType::q8_0 ? block_amax / 127 * (0.5 + 127 * std::ldexp(1.0, -11)) * (1 + 1e-6)
                            : t == KvType::q4_0 ? block_amax / 8 * (1 + 8 * std::ldexp(1.0, -11)) * (1 + 1e-6)
+                           : t == KvType::fp8_e5m2 ? std::ldexp(std::abs(x[i]), -3) + std::ldexp(1.0, -17)
                            : t == KvType::bf16 ? std::ldexp(std::abs(x[i]), -8)
                            : t == KvType::f16  ? std::ldexp(std::abs(x[i]), -11)
                            : t == KvType::int8 ? amax / 127.0 / 2 * (1 + 1e-6)
@@ -116,6 +118,18 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
     encode_head(t, zeros.data(), hd, rec.data(), ss);
     decode_head(t, rec.data(), hd, y.data(), ss);
     for (float v : y) EXPECT_EQ(v, 0.f) << kv_type_name(t);
+    if (t == KvType::fp8_e5m2) {  // element by element: NaN stays NaN, Inf saturates to the largest finite value
+      auto bad = x;
+      bad[5] = NAN;
+      bad[6] = -std::numeric_limits<float>::infinity();
+      bad[7] = 1e6f;
+      encode_head(t, bad.data(), hd, rec.data());
+      decode_head(t, rec.data(), hd, y.data());
+      EXPECT_TRUE(std::isnan(y[5]));
+      EXPECT_EQ(y[6], -57344.f);
+      EXPECT_EQ(y[7], 57344.f);
+      EXPECT_TRUE(std::isfinite(y[4]));
+    }
     if (t == KvType::fp8_e4m3_static) {  // element by element: NaN stays NaN, beyond the range saturates
       auto bad = x;
       bad[5] = NAN;
@@ -166,6 +180,7 @@ TEST(KvRecords, QuantizedRecordsStayWithinHalfAStepAndEdgeCasesAreDefined) {
   EXPECT_THROW(ContiguousCache(*make_cpu_device(), KvShape{1, 1, 7, KvType::int4}), Error);  // odd head_dim
   EXPECT_EQ((KvShape{30, 3, 64, KvType::fp8_e4m3_static}).token_bytes() * 2,
             (KvShape{30, 3, 64, KvType::bf16}).token_bytes());  // exactly half: the scales live in the shape
+  EXPECT_EQ((KvShape{30, 3, 64, KvType::fp8_e5m2}).token_bytes() * 2, (KvShape{30, 3, 64, KvType::bf16}).token_bytes());
 }
 
 TEST(KvRecords, Q8_0AndQ4_0EqualGgmlsBlocksBitForBit) {
@@ -544,7 +559,7 @@ TEST(DecodeAttention, ANaNKeyOrValueGivesNaNOutputsOnEverySimdTarget) {
           encode_head(t, x.data(), hd, c.entry(r[0], 0, 17) + rec * s.head_bytes(), s.record_scales(0, kv, g));
           decode_attention(c, r, 0, q.data(), heads, o.data());
           const bool per_element = kv == 1 && (t == KvType::f32 || t == KvType::bf16 || t == KvType::f16 ||
-                                               t == KvType::fp8_e4m3_static);
+                                               t == KvType::fp8_e4m3_static || t == KvType::fp8_e5m2);
           for (int64_t h = 0; h < heads; ++h)
             for (int64_t e = 0; e < hd; ++e) {
               const float v = o[h * hd + e];

@@ -292,6 +292,7 @@ inline SplitKernel split_kernel(const DecodePlan& p, const Shape& s) {
     case KvType::int4_smooth: return split_kernel_type<KvType::int4>(e, vec, s.gm);  // int4-smooth: smoothed queries
     case KvType::q8_0: return split_kernel_type<KvType::q8_0>(e, vec, s.gm);
     case KvType::q4_0: return split_kernel_type<KvType::q4_0>(e, vec, s.gm);
+    case KvType::fp8_e5m2: return split_kernel_type<KvType::fp8_e5m2>(e, vec, s.gm);
   }
   return nullptr;
 }

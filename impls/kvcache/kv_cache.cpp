@@ -22,16 +22,17 @@ const char* kv_type_name(KvType t) {
     case KvType::int4_smooth: return "int4-smooth";
     case KvType::q8_0: return "q8_0";
     case KvType::q4_0: return "q4_0";
+    case KvType::fp8_e5m2: return "fp8-e5m2";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
   for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static,
-                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0})
+                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2})
     if (s == kv_type_name(t)) return t;
   throw Error("unknown KV cache dtype \"" + s +
-              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0)");
+              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0, fp8-e5m2)");
 }
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
@@ -66,7 +67,8 @@ int64_t KvShape::elem_bits() const {
   switch (type) {
     case KvType::f32: return 32;
     case KvType::bf16: case KvType::f16: return 16;
-    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: case KvType::q8_0: return 8;
+    case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: case KvType::q8_0: case KvType::fp8_e5m2:
+      return 8;
     case KvType::int4: case KvType::int4_smooth: case KvType::q4_0: return 4;
   }
   return 32;
@@ -117,6 +119,9 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales s
     case KvType::q4_0: return encode_blocks(t, x, n, r);
     case KvType::fp8_e4m3_static:
       for (int64_t i = 0; i < n; ++i) r[i] = quant::fp8_e4m3_encode(x[i] / sc.scale);
+      return;
+    case KvType::fp8_e5m2:
+      for (int64_t i = 0; i < n; ++i) r[i] = quant::fp8_e5m2_encode(x[i]);
       return;
     case KvType::f32: std::memcpy(r, x, n * 4); return;
     case KvType::bf16:

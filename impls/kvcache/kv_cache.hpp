@@ -25,13 +25,15 @@
 //                        outlier channel sets the step of its block of 32 only. The values equal ggml's
 //                        dequantized blocks bit for bit (tests/test_kvcache.cpp checks them against the
 //                        gguf package). head_dim must be a multiple of 32.
+//   fp8-e5m2             head_dim OCP E5M2 codes of x itself (vLLM's kv_cache_dtype fp8_e5m2: no scale, its
+//                        range, +-57344, needs none), nearest even, saturating: exactly half of bf16's bytes
 //   fp8-e4m3-static      head_dim E4M3 codes of x / s with a static scale s per (layer, K or V, kv head)
 //                        held by the shape (vLLM's k_scale / v_scale, calibrated before serving; 1 when
 //                        none is given), no scale in the record: exactly half of bf16's bytes. Values
 //                        beyond 448 s saturate; the kernel folds s into the scores and the output.
 // A vector of zeros stores s = 0 and decodes to zeros; a NaN or Inf element makes the scale non-finite
 // and the whole vector decodes to NaN (a defined, visible result; q8_0 / q4_0: its block of 32); with a
-// static scale, a NaN element stays NaN and an infinite one saturates, element by element. A q8_0 / q4_0
+// static scale (and fp8-e5m2), a NaN element stays NaN and an infinite one saturates, element by element. A q8_0 / q4_0
 // block whose scale passes fp16's range (amax above 8.3e6 / 5.2e5) stores an infinite scale and decodes
 // to infinities and NaNs, as ggml's does.
 //
@@ -66,10 +68,10 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0 };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0, fp8_e5m2 };
 const char* kv_type_name(KvType t);
-// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0";
-// Error otherwise
+// "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0",
+// "fp8-e5m2"; Error otherwise
 KvType parse_kv_type(const std::string& s);
 
 // What scales a record beyond its own bytes: fp8-e4m3-static's scale of its (layer, K or V, kv head), and

@@ -30,7 +30,7 @@ MT_HD T record_load(const uint8_t* r, int64_t i) {
 }
 
 // The value of one element code, unscaled: the fp32 bits, bf16 or fp16 bits, the int8 code (int8, q8_0),
-// an E4M3 code (decoded), or a 4-bit code (int4, q4_0: the nibble, 0..15, less 8).
+// an E4M3 or E5M2 code (decoded), or a 4-bit code (int4, q4_0: the nibble, 0..15, less 8).
 MT_HD float code_value(KvType t, uint32_t code) {
   switch (t) {
     case KvType::f32: return detail::bits_as_float(code);
@@ -40,6 +40,7 @@ MT_HD float code_value(KvType t, uint32_t code) {
     case KvType::q8_0: return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(code)));
     case KvType::fp8_e4m3:
     case KvType::fp8_e4m3_static: return quant::fp8_e4m3_decode(static_cast<uint8_t>(code));
+    case KvType::fp8_e5m2: return quant::fp8_e5m2_decode(static_cast<uint8_t>(code));
     case KvType::int4:
     case KvType::int4_smooth:
     case KvType::q4_0: return static_cast<float>(static_cast<int>(code & 15) - 8);

@@ -339,8 +339,8 @@ class QualityWorkload final : public Workload {
   std::vector<double> losses_;
 };
 
-// kv-fp8: "FP8/INT8 KV halves KV memory with negligible loss": per 8-bit type (vLLM's int8 / fp8, llama.cpp's
-// q8_0), the perplexity change
+// kv-fp8: "FP8/INT8 KV halves KV memory with negligible loss": per 8-bit type (vLLM's int8, scaled and
+// unscaled fp8, llama.cpp's q8_0), the perplexity change
 // against the fp32 cache's (band from the suite) and the bytes per token against bf16's.
 ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
@@ -356,7 +356,7 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   std::string measured;
   std::vector<std::string> verdicts;
   char buf[256];
-  for (const char* dt : {"int8", "fp8-e4m3", "fp8-e4m3-static", "q8_0"}) {
+  for (const char* dt : {"int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "q8_0"}) {
     const Record* r = find(dt);
     if (!r) continue;
     const double v = std::exp(std::log(r->counter("perplexity")) - std::log(base->counter("perplexity"))) - 1;
@@ -372,7 +372,7 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
   return {measured, combine_verdicts(verdicts),
           "band " + band.str() + " on the perplexity change; int8 and fp8-e4m3: per-token-per-head amax scales "
           "computed on write; fp8-e4m3-static: one scale per (layer, K or V, kv head) calibrated on training windows, "
-          "none stored; q8_0: llama.cpp's int8 KV, an fp16 scale per 32 values; the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
+          "none stored; fp8-e5m2: vLLM's unscaled fp8; q8_0: llama.cpp's int8 KV, an fp16 scale per 32 values; the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
 }
 
 // offload-latency: "offloading KV or weights to the CPU costs 2-5x latency", as the offloaded decode's
@@ -579,7 +579,7 @@ void register_technique(Registry& r) {
         int_param("kv_heads", "key/value heads (divide heads)"),
         int_param("head_dim", "head dimension", nullptr, 1, 256),
         text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's)", nullptr,
-                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "q8_0", "q4_0"}),
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "q8_0", "q4_0"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
         int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
@@ -658,8 +658,9 @@ void register_technique(Registry& r) {
         text_param("model", "the model", "smollm2", {"smollm2"}),
         text_param("kv_dtype",
                    "storage of K and V (fp8-e4m3-static: scales, int4-smooth: key smoothing factors, calibrated on "
-                   "training windows; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values)",
-                   nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0"}),
+                   "training windows; fp8-e5m2: no scale; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values)",
+                   nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
+                             "q8_0", "q4_0"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         text_param("activations",
                    "inputs of the batch-1 matvecs: fp32 (the packed kernels) or int8 (packed-a8: rounded per block "

@@ -100,6 +100,8 @@ struct Rec {
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     else if constexpr (K == KvType::int4 || K == KvType::q4_0) return Int4(r, i);
     else if constexpr (K == KvType::q8_0) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
+    else if constexpr (K == KvType::fp8_e5m2)  // a NaN input's NaN code stays NaN (an infinite one saturated)
+      return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e5m2, true>(r + i);
     // Per-record fp8 codes are never NaN (encode_head: a non-finite input makes the record's scale NaN and
     // its codes 0); static-scale records keep a NaN input's NaN code.
     else return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e4m3, K == KvType::fp8_e4m3_static>(r + i);
@@ -461,6 +463,7 @@ void DecodeUnitImpl(const DecodeUnit& u) {
     case KvType::int4_smooth: return Decode<KvType::int4>(u);  // int4 records; the caller smooths the queries
     case KvType::q8_0: return Decode<KvType::q8_0>(u);
     case KvType::q4_0: return Decode<KvType::q4_0>(u);
+    case KvType::fp8_e5m2: return Decode<KvType::fp8_e5m2>(u);
   }
 }
 

@@ -36,8 +36,9 @@ HWY_INLINE codes::VI load_bytes_i32(const uint8_t* p) {
 }
 
 // Unscaled values u (dequantized value = scale * u) of Lanes(DF) 8-bit codes: int8 q, fp8 decode(q), bit
-// for bit the scalar decodes of formats.hpp. kNan: E4M3's NaN codes (S.1111.111) decode to NaN (a KV
-// record of a NaN input); without it the codes are taken to be finite (quantized weights never hold NaN).
+// for bit the scalar decodes of formats.hpp. kNan: the non-finite codes decode as the scalar decode gives
+// them, E4M3's S.1111.111 to NaN, E5M2's S.11111.mm to Inf or NaN (a KV record of a NaN input); without it
+// the codes are taken to be finite (quantized weights never hold NaN).
 template <Format F, bool kNan = false>
 HWY_INLINE codes::VF decode8(const uint8_t* p) {
   namespace hn = hwy::HWY_NAMESPACE;
@@ -56,10 +57,13 @@ HWY_INLINE codes::VF decode8(const uint8_t* p) {
     const codes::VI c = hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p)));
     const codes::VI bits = hn::And(hn::ShiftLeft<shift>(c), hn::Set(di, static_cast<int32_t>(0x80000000u | (0x7Fu << shift))));
     const codes::VF v = hn::Mul(hn::BitCast(df, bits), hn::Set(df, F == Format::fp8_e4m3 ? 0x1p120f : 0x1p112f));
-    if constexpr (kNan) {  // S.1111.111, +-480 above, made a NaN of the same sign
-      static_assert(F == Format::fp8_e4m3, "NaN codes of E4M3 only");
+    if constexpr (kNan && F == Format::fp8_e4m3) {  // S.1111.111, +-480 above, made a NaN of the same sign
       const auto is_nan = hn::RebindMask(df, hn::Eq(hn::And(c, hn::Set(di, 0x7F)), hn::Set(di, 0x7F)));
       return hn::Or(v, hn::IfThenElseZero(is_nan, hn::NaN(df)));
+    } else if constexpr (kNan) {  // S.11111.mm, a finite 2^16 x 1.mm above: Inf (mm = 0) or NaN, as fp8_decode
+      const auto special = hn::RebindMask(df, hn::Eq(hn::And(c, hn::Set(di, 0x7C)), hn::Set(di, 0x7C)));
+      const auto quiet = hn::IfThenElseZero(hn::Ne(hn::And(c, hn::Set(di, 0x3)), hn::Zero(di)), hn::Set(di, 0x00400000));
+      return hn::IfThenElse(special, hn::BitCast(df, hn::Or(hn::Or(bits, hn::Set(di, 0x7F800000)), quiet)), v);
     }
     return v;
   }
