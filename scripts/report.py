@@ -505,18 +505,14 @@ def tradeoff_plot(facets, colors, x_param):
     from matplotlib.lines import Line2D
     impls = sorted({p[2] for p in pts})
     h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in impls]
-    # A figure legend anchored beside the axes, which the saved image's tight box holds (an axes legend kept
-    # with add_artist beside the second one falls outside that box and is cut). scatter_labelled does the same.
-    fig.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
-               frameon=False)
-    panels = ""
+    panels, h2 = "", None
     if len(facet_names) > 1:
         short = distinguishing(facet_names)
         if max(len(v) for v in short.values()) > 40:  # too long for a legend: numbered, named in the caption
             panels = " Panels: " + "; ".join(f"{i + 1} = {esc(k)}" for i, k in enumerate(facet_names)) + "."
             short = {k: f"panel {i + 1}" for i, k in enumerate(facet_names)}
         h2 = [Line2D([], [], color="#555", marker=markers[k], ls="", label=short[k]) for k in facet_names]
-        ax.legend(handles=h2, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
+    side_legends(fig, ax, h1, h2, marker_fontsize=7)
     with warnings.catch_warnings():  # legends wider than the figure: the saved image grows to hold them
         warnings.simplefilter("ignore", UserWarning)
         fig.tight_layout()
@@ -525,6 +521,16 @@ def tradeoff_plot(facets, colors, x_param):
            f"colour = implementation, marker = panel. Outlined points are Pareto-optimal (no other point is "
            f"both faster and smaller): {esc(names)}.{panels}")
     return fig_to_img(fig, f"trade-off {x_param}={fmt_x(x)}", tight=True), cap
+
+
+def side_legends(fig, ax, colour, marker=None, marker_fontsize=7.5):
+    """The colour legend beside the axes at the top, the marker legend (if any) beside them at the bottom. The
+    colour one is a figure legend, which a saved image's tight box holds (an axes legend kept with add_artist
+    beside the second one falls outside that box and is cut); save with fig_to_img(..., tight=True)."""
+    fig.legend(handles=colour, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
+               frameon=False)
+    if marker:
+        ax.legend(handles=marker, fontsize=marker_fontsize, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
 
 
 def distinguishing(names):
@@ -635,9 +641,7 @@ def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None, dodge=
     from matplotlib.lines import Line2D
     h1 = [Line2D([], [], color=colors[k], marker="o", ls="", label=k) for k in ckeys]
     h2 = [Line2D([], [], color="#555", marker=markers.get(k, "o"), ls="", label=k) for k in mkeys]
-    fig.legend(handles=h1, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), bbox_transform=ax.transAxes,
-               frameon=False)  # a figure legend, held by the saved image (see tradeoff_plot)
-    ax.legend(handles=h2, fontsize=7.5, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False)
+    side_legends(fig, ax, h1, h2)
     fig.tight_layout()
     return fig_to_img(fig, title, tight=True)
 
