@@ -22,6 +22,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -533,6 +534,43 @@ TEST(QuantIntActivations, CodesAndTheirError) {
         for (float v : y) EXPECT_TRUE(std::isnan(v)) << name << " a" << path.bits;
       }
     });
+}
+
+TEST(QuantKernels, NonFiniteStoredScalesStayNonFiniteOnEveryTarget) {
+  // Quantizers refuse non-finite weights, so a stored fp16 scale is finite unless the bytes were damaged.
+  // A damaged one must still show: row 1's first scale set to NaN, row 2's to +Inf, row 0 untouched.
+  // Highway's own fp16 promotion on targets without F16C turns both finite; the kernels widen through
+  // convert-inl.h's exact conversion instead. Every path (float activations, a16, a8) on every target.
+  const int64_t K = 256;
+  const std::vector<float> x = normal_vec(K, 41);
+  for (const char* name : {"int8", "int4-g64", "int4-g128", "int4-asym-g64"}) {
+    const QLayout L = layout(parse_spec(name), 3, K);
+    const std::vector<float> W = normal_vec(3 * K, 42, 0.05);
+    std::vector<uint8_t> blob(L.total_bytes());
+    quantize(L, W.data(), blob.data());
+    const int64_t per_row = L.spec.format == Format::int8 ? 1 : L.groups_per_row;
+    for (const auto& [row, bits] : {std::pair<int64_t, uint16_t>{1, 0x7E00}, {2, 0x7C00}})
+      std::memcpy(blob.data() + L.scales.offset + 2 * row * per_row, &bits, 2);
+    std::vector<float> yr(3);
+    matvec_reference(L, blob.data(), x.data(), yr.data());
+    ASSERT_TRUE(std::isfinite(yr[0]) && std::isnan(yr[1]) && !std::isfinite(yr[2])) << name;
+    for_each_simd_target([&](int64_t) {
+      auto expect = [&](const std::vector<float>& y, const std::string& path) {
+        EXPECT_TRUE(std::isfinite(y[0])) << name << " " << path;
+        EXPECT_TRUE(std::isnan(y[1])) << name << " " << path << ": " << y[1];
+        EXPECT_FALSE(std::isfinite(y[2])) << name << " " << path << ": " << y[2];
+      };
+      std::vector<float> y(3);
+      matvec_cpu(L, blob.data(), x.data(), y.data());
+      expect(y, "float activations");
+      for (const IntPath& path : int_paths) {
+        if (!path.unsupported(L).empty()) continue;
+        std::vector<char> ws(path.workspace(K));
+        path.matvec(L, blob.data(), x.data(), y.data(), ws.data());
+        expect(y, std::string("a").append(std::to_string(path.bits)));
+      }
+    });
+  }
 }
 
 TEST(QuantIntActivations, FormatsWithoutIntegerCodesAreNamed) {

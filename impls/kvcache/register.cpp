@@ -340,8 +340,8 @@ class QualityWorkload final : public Workload {
 };
 
 // kv-fp8: "FP8/INT8 KV halves KV memory with negligible loss": per 8-bit type (vLLM's int8, scaled and
-// unscaled fp8, llama.cpp's q8_0), the perplexity change
-// against the fp32 cache's (band from the suite) and the bytes per token against bf16's.
+// unscaled fp8, llama.cpp's q8_0), the perplexity change against the fp32 cache's (band from the suite)
+// and the bytes per token against bf16's.
 ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
   auto find = [&](const std::string& dt) -> const Record* {
@@ -368,11 +368,14 @@ ClaimResult check_kv_fp8(const ClaimSpec& spec, const std::vector<Record>& recs)
     measured += buf;
     verdicts.push_back(verdict);
   }
-  if (verdicts.empty()) return {"", "out_of_scope", "needs int8 or fp8-e4m3 kvcache_model cases"};
+  if (verdicts.empty())
+    return {"", "out_of_scope", "needs a kvcache_model case of an 8-bit KV type (int8, fp8-e4m3, fp8-e4m3-static, fp8-e5m2, q8_0)"};
   return {measured, combine_verdicts(verdicts),
-          "band " + band.str() + " on the perplexity change; int8 and fp8-e4m3: per-token-per-head amax scales "
-          "computed on write; fp8-e4m3-static: one scale per (layer, K or V, kv head) calibrated on training windows, "
-          "none stored; fp8-e5m2: vLLM's unscaled fp8; q8_0: llama.cpp's int8 KV, an fp16 scale per 32 values; the uncertainty is the fp32-reference paired standard error of the 8-bit case"};
+          "band " + band.str() +
+              " on the perplexity change; int8 and fp8-e4m3: per-token-per-head amax scales computed on write; "
+              "fp8-e4m3-static: one scale per (layer, K or V, kv head) calibrated on training windows, none stored; "
+              "fp8-e5m2: vLLM's unscaled fp8; q8_0: llama.cpp's int8 KV, an fp16 scale per 32 values; the "
+              "uncertainty is the fp32-reference paired standard error of the 8-bit case"};
 }
 
 // offload-latency: "offloading KV or weights to the CPU costs 2-5x latency", as the offloaded decode's

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "common/simd/convert-inl.h"
 #include "impls/quant/formats.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -69,13 +70,15 @@ HWY_INLINE codes::VF decode8(const uint8_t* p) {
   }
 }
 
-// A stored fp16 scale as float (F16C's conversion where the target has it).
-HWY_INLINE float scale_f16(const uint8_t* p) {
-  namespace hn = hwy::HWY_NAMESPACE;
-  const hn::CappedTag<float, 1> d1;
-  const hn::Rebind<hwy::float16_t, decltype(d1)> dh;
-  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+// Lanes(df) stored fp16 scales as float: convert-inl.h's widening (F16C where the target has it), exact
+// half_bits_to_float on every target. Highway's own f16 promotion on targets without F16C (SSE4, SSSE3)
+// turns a NaN or Inf finite.
+template <class DF>
+HWY_INLINE hwy::HWY_NAMESPACE::Vec<DF> scales_f16(DF df, const uint8_t* p) {
+  return memtrade::simd::HWY_NAMESPACE::LoadF32(df, reinterpret_cast<const f16_t*>(p));
 }
+// One stored fp16 scale as float.
+HWY_INLINE float scale_f16(const uint8_t* p) { return hwy::HWY_NAMESPACE::GetLane(scales_f16(hwy::HWY_NAMESPACE::CappedTag<float, 1>(), p)); }
 
 // nf4 double quantization: the absmax of the eight groups i .. i + 7 (flat indices) decoded as nf4_dq_absmax
 // does, bit for bit (the product rounded, then the mean added, then clamped at 0), in vectors where the

@@ -58,12 +58,11 @@ struct RowParams {
   // for the caller to subtract.
   template <class DF>
   float int4_zero_lanes(DF df, int64_t r, const float* cs, hn::Vec<DF>& acc) const {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto* sc = reinterpret_cast<const hwy::float16_t*>(scales + 2 * r * gpr);
+    const uint8_t* sc = scales + 2 * r * gpr;
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     int64_t g = 0;
     for (; g + n <= gpr; g += n)  // (-8 s exactly: a power of two)
-      acc = hn::MulAdd(hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, sc + g)), hn::Set(df, -8.f)), hn::LoadU(df, cs + g), acc);
+      acc = hn::MulAdd(hn::Mul(quant::simd::HWY_NAMESPACE::scales_f16(df, sc + 2 * g), hn::Set(df, -8.f)), hn::LoadU(df, cs + g), acc);
     float c = 0.f;
     for (; g < gpr; ++g) c += scale<Format::int4>(r, g) * cs[g];
     return 8.f * c;
@@ -181,10 +180,9 @@ HWY_INLINE void scales8(const RowParams& P, int64_t r, int64_t g, float* out) {
     return quant::simd::HWY_NAMESPACE::nf4_dq_absmax8(P.L, P.blob, P.mean, r * P.L.groups_per_row + g, out);
   if constexpr (F == Format::int4 || F == Format::int4_asym) {
     const hn::FixedTag<float, 4> d4;  // two halves: every x86 target has 128-bit vectors
-    const hn::Rebind<hwy::float16_t, decltype(d4)> dh;
-    const auto* sc = reinterpret_cast<const hwy::float16_t*>(P.scales) + r * P.gpr + g;
-    hn::StoreU(hn::PromoteTo(d4, hn::LoadU(dh, sc)), d4, out);
-    hn::StoreU(hn::PromoteTo(d4, hn::LoadU(dh, sc + 4)), d4, out + 4);
+    const uint8_t* sc = P.scales + 2 * (r * P.gpr + g);
+    hn::StoreU(quant::simd::HWY_NAMESPACE::scales_f16(d4, sc), d4, out);
+    hn::StoreU(quant::simd::HWY_NAMESPACE::scales_f16(d4, sc + 8), d4, out + 4);
     return;
   }
   for (int64_t j = 0; j < 8; ++j) out[j] = P.template scale<F>(r, g + j);
