@@ -50,7 +50,7 @@ struct CompareOptions {
   double time_min_effect = 0.05;  // 5% slower (median of the runs' values, or of the paired rounds' ratios)
   // A run's time of a case: the fastest of its repetitions (default) or their median. On a shared
   // machine interference only adds time and comes in bursts that can cover most of a run's
-  // repetitions, so the minimum varies far less between runs (README, "Regression gate").
+  // repetitions, so the minimum varies far less between runs (README, "Regression rules").
   enum class RunStat { min, median } time_stat = RunStat::min;
   // Per-case minimum effects: the first pattern (ECMAScript regex, searched in the case name) that
   // matches sets it.

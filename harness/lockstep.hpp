@@ -2,7 +2,7 @@
 // timing each case, invocation by invocation of the benchmark function (each repetition is one), while
 // the other process waits, so that a round's two times of a case interleave within fractions of a
 // second and share the machine's speed of that moment (on a shared machine it drifts by tens of
-// percent within seconds; see README "Regression gate").
+// percent within seconds; see README, "Regression rules").
 //
 // A run started with $MEMTRADE_LOCKSTEP=R,W (two inherited file descriptors) brackets each timed
 // invocation with a LockstepTurn:
