@@ -684,7 +684,8 @@ def bars(groups, stack_keys, title, ylabel, kind="bytes", notes=None):
         if note:
             ax.text(v, y, " " + note, va="center", fontsize=7.5)
     if notes and base.max() > 0:
-        ax.set_xlim(0, base.max() * 1.25)  # room for the notes
+        # room for the notes, by the length of the longest
+        ax.set_xlim(0, base.max() * (1.15 + 0.011 * max(len(n) for n in notes)))
     axis = ax.xaxis if lying else ax.yaxis
     if kind == "bytes":
         binary_ticks(axis, float(base.max()) if len(base) else 0.0, 4 if lying else 6)
@@ -851,13 +852,35 @@ def serving_figures(cases):
     if not ok:
         return []
     varying = [k for k in sorted({k for c in ok for k in c.params}) if len({str(c.params.get(k)) for c in ok}) > 1]
-    groups = [(" ".join([str(c.params.get(k)) for k in varying] + [c.impl]),
+    groups = [(" ".join([f"{k}={c.params[k]}" for k in varying if k in c.params] + [c.impl]),
                {label: c.counters.get(key, 0) for label, key in SERVING_KEYS.items()}) for c in ok]
     img = bars(groups, list(SERVING_KEYS), "kvcache_serving: the KV budget, mean over decode steps",
                "share of the KV budget", kind="plain")
-    return [figure("Bytes of the running requests' tokens, bytes reserved for them but unused, and bytes free "
-                   "while requests wait, as shares of the KV budget (mean over decode steps).", img)]
+    figures = [figure("Bytes of the running requests' tokens, bytes reserved for them but unused, and bytes free "
+                      "while requests wait, as shares of the KV budget (mean over decode steps).", img)]
+    # A budget in bytes (budget_mib): each KV storage type holds its own number of tokens.
+    typed = [c for c in ok if "kv_dtype" in c.params and "kv_budget_tokens" in c.counters]
+    if typed:
+        varying = [k for k in sorted({k for c in typed for k in c.params} - {"kv_dtype"})
+                   if len({str(c.params.get(k)) for c in typed}) > 1]
+        rows = [(" ".join([f"{k}={c.params[k]}" for k in varying if k in c.params] + [str(c.params["kv_dtype"]), c.impl]),
+                 {"decode tokens per step": c.counters.get("decode_tokens_per_step", 0)},
+                 f"{c.counters['kv_budget_tokens'] / 1024:.1f}K tokens, batch <= {c.counters.get('max_concurrency', 0):.0f}, "
+                 f"{c.counters.get('preemptions', 0):.0f} preempted")
+                for c in typed]
+        img = bars([r[:2] for r in rows], ["decode tokens per step"],
+                   "kvcache_serving: one byte budget, per KV storage type", "decode tokens per step (mean running requests)",
+                   kind="plain", notes=[r[2] for r in rows])
+        figures.append(figure("The same KV budget in bytes holds as many tokens as each storage type's bytes per token "
+                              "allow (scales included): the running requests per decode step, with the tokens the budget "
+                              "holds, the largest batch and the preemptions at the end of each bar. Steps of the "
+                              "simulation: a real step's time also grows with the batch.", img))
+    return figures
 
+
+# Techniques whose tracked bytes and time are a simulation's (kvcache_serving: a cache of 16 bytes per token,
+# whose ratios are what it measures): no memory-against-time plot.
+SIMULATED = {"kvcache_serving"}
 
 SPECIAL_FIGURES = {"quant": quant_figures, "quant_model": quant_model_figures, "kvcache_model": kvcache_model_figures,
                    "precision": tag_figures("precision"), "checkpoint": tag_figures("checkpoint"),
@@ -1178,7 +1201,7 @@ def technique_section(tech, path, results, cases):
             img, note = facet_figure(facets, icolors, x_label, fn, title, ylabel, kind, errbars=eb)
             if img:
                 wide.append(figure(esc(cap + (" " + note if note else "")), img))
-    if len(facets) <= 12 and (n_x >= 2 or len({c.impl for c in cases if c.ok}) >= 2):
+    if tech not in SIMULATED and len(facets) <= 12 and (n_x >= 2 or len({c.impl for c in cases if c.ok}) >= 2):
         # Memory against time where there is a sweep, or several implementations of one size.
         img, cap = tradeoff_plot(facets, icolors, x_param)
         figs.append(figure(cap, img) if img else f"<p class='note'>{esc(cap)}</p>")

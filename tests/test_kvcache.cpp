@@ -699,6 +699,51 @@ TEST(Serving, EveryRequestFinishesAndPagingReservesOnlyWhatIsUsed) {
   EXPECT_THROW(trace_spec("bogus"), Error);
 }
 
+TEST(Serving, ABudgetInBytesHoldsEachStorageTypesTokens) {
+  // Llama-2-7B's KV shape: 512 KiB per token in fp16; int8 adds a 4-byte scale per head record, q4_0 two
+  // fp16 scales per 128 values.
+  KvShape s{32, 32, 128, KvType::f16};
+  const int64_t gib8 = int64_t{8} << 30;
+  EXPECT_EQ(budget_tokens_of(s, gib8, 16, 4096), 16384);
+  s.type = KvType::fp8_e4m3_static;
+  EXPECT_EQ(budget_tokens_of(s, gib8, 16, 4096), 32768);
+  s.type = KvType::int8;  // 2 x 32 x 32 x (128 + 4) bytes: 31775 tokens, whole blocks of 16
+  EXPECT_EQ(budget_tokens_of(s, gib8, 16, 4096), 31760);
+  s.type = KvType::q4_0;  // 2 x 32 x 32 x (64 + 8) bytes: 58254 tokens
+  EXPECT_EQ(budget_tokens_of(s, gib8, 16, 4096), 58240);
+  EXPECT_EQ(budget_tokens_of(s, gib8, 32, 4096), 58240);
+  EXPECT_EQ(budget_tokens_of(s, gib8, 7, 4096), 58254);  // 8322 blocks of 7
+  // A budget that does not hold max_len and a block is an error naming the bytes.
+  try {
+    budget_tokens_of(KvShape{32, 32, 128, KvType::f16}, int64_t{1} << 30, 16, 4096);
+    ADD_FAILURE() << "a 1 GiB budget (2048 fp16 tokens) cannot hold max_len 4096";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2048 tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(budget_tokens_of(KvShape{32, 32, 128, KvType::f16}, 0, 16, 4096), Error);
+  EXPECT_THROW(budget_tokens_of(KvShape{32, 32, 100, KvType::q4_0}, gib8, 16, 4096), Error);  // not whole blocks of 32
+
+  // Under one byte budget a smaller storage type runs more requests at once (paged), and serves the stream
+  // in fewer steps; the stream is the same.
+  auto dev = make_cpu_device();
+  TraceSpec t = trace_spec("sharegpt");
+  t.requests = 80;
+  t.max_len = 1024;
+  const KvShape tiny{1, 1, 2, KvType::f32};
+  ServingStats prev;
+  for (KvType kt : {KvType::f16, KvType::int8, KvType::q4_0}) {
+    const int64_t tokens = budget_tokens_of(KvShape{32, 32, 128, kt}, int64_t{2} << 30, 16, t.max_len);
+    PagedCache p(*dev, tiny, 16, tokens / 16);
+    const ServingStats st = simulate(p, true, t, tokens);
+    EXPECT_EQ(st.finished, t.requests) << kv_type_name(kt);
+    if (kt != KvType::f16) {
+      EXPECT_GT(st.concurrency, prev.concurrency) << kv_type_name(kt);
+      EXPECT_LT(st.steps, prev.steps) << kv_type_name(kt);
+    }
+    prev = st;
+  }
+}
+
 TEST(Decoder, QuantizedWeightsStayNearTheDenseLogitsAndReadFewerBytes) {
   const model::Config cfg = test::tiny_model();
   const auto w = test::test_weights(cfg, 4);

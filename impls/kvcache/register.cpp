@@ -412,18 +412,33 @@ ClaimResult check_offload_latency(const ClaimSpec& spec, const std::vector<Recor
 struct ServingProblem final : Problem {
   TraceSpec trace;
   int64_t budget_tokens = 0, block = 16;
+  KvShape shape;  // a budget in bytes: the model's KV shape and storage type (layers = 0 for a budget in tokens)
 };
+
+// The case's trace, block, budget in tokens and (a budget in bytes) the model's KV shape; Error naming the
+// case for a budget given both ways or neither, or one that does not hold max_len and a block.
+void read_serving_case(const Case& c, ServingProblem& p) {
+  p.trace = trace_spec(c.text("trace"));
+  p.trace.requests = c.integer("requests", 200);
+  p.trace.max_len = c.integer("max_len", 2048);
+  p.trace.seed = static_cast<uint64_t>(c.integer("seed", 1));
+  p.block = c.integer("block", 16);
+  const int64_t tokens = c.integer("budget_tokens", 0), mib = c.integer("budget_mib", 0);
+  MT_CHECK((tokens > 0) != (mib > 0), "case " + c.id + ": give the KV budget as budget_tokens or as budget_mib (one of them)");
+  if (mib > 0) {
+    p.shape = KvShape{c.integer("layers", 32), c.integer("kv_heads", 32), c.integer("head_dim", 128),
+                      parse_kv_type(c.text("kv_dtype", "fp16"))};
+    p.budget_tokens = budget_tokens_of(p.shape, mib << 20, p.block, p.trace.max_len);
+  } else {
+    p.budget_tokens = tokens / p.block * p.block;
+    MT_CHECK(p.budget_tokens >= p.trace.max_len + p.block,
+             "case " + c.id + ": budget_tokens must hold at least max_len + one block");
+  }
+}
 
 std::unique_ptr<Problem> prepare_serving(const Case& c) {
   auto p = std::make_unique<ServingProblem>();
-  p->trace = trace_spec(c.text("trace"));
-  p->trace.requests = c.integer("requests", 200);
-  p->trace.max_len = c.integer("max_len", 2048);
-  p->trace.seed = static_cast<uint64_t>(c.integer("seed", 1));
-  p->block = c.integer("block", 16);
-  p->budget_tokens = c.integer("budget_tokens") / p->block * p->block;
-  MT_CHECK(p->budget_tokens >= p->trace.max_len + p->block,
-           "case " + c.id + ": budget_tokens must hold at least max_len + one block");
+  read_serving_case(c, *p);
   return p;
 }
 
@@ -462,6 +477,8 @@ class ServingWorkload final : public Workload {
     c["preemptions"] = static_cast<double>(s_.preemptions);
     c["decode_steps"] = static_cast<double>(s_.steps);
     c["decode_tokens_per_step"] = static_cast<double>(s_.decode_tokens) / static_cast<double>(std::max<int64_t>(s_.steps, 1));
+    c["kv_budget_tokens"] = static_cast<double>(p_.budget_tokens);
+    if (p_.shape.layers > 0) c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
   }
 
  private:
@@ -485,8 +502,13 @@ ClaimResult check_paged(const ClaimSpec& spec, const std::vector<Record>& recs) 
       if (x.technique == r.technique && x.impl == "contiguous" && x.status == "ok" && x.kase.id == r.kase.id) c = &x;
     const double u = r.counter("kv_utilization", NAN);
     const std::string verdict = decide(u, 0, band);
-    std::snprintf(buf, sizeof buf, "%s block %lld: paged %.1f%% (%.2f decode tokens/step), contiguous %.1f%% (%.2f) (%s); ",
-                  r.kase.params.value("trace", std::string("?")).c_str(),
+    // A budget in bytes: the storage type and the budget name the case.
+    const std::string typed = r.kase.params.contains("budget_mib")
+                                  ? " " + r.kase.params.value("kv_dtype", std::string("fp16")) + " in " +
+                                        std::to_string(r.kase.params.value("budget_mib", int64_t{0})) + " MiB"
+                                  : "";
+    std::snprintf(buf, sizeof buf, "%s%s block %lld: paged %.1f%% (%.2f decode tokens/step), contiguous %.1f%% (%.2f) (%s); ",
+                  r.kase.params.value("trace", std::string("?")).c_str(), typed.c_str(),
                   static_cast<long long>(r.kase.params.value("block", int64_t{16})), 100 * u,
                   r.counter("decode_tokens_per_step"), c ? 100 * c->counter("kv_utilization", NAN) : NAN,
                   c ? c->counter("decode_tokens_per_step") : NAN, verdict.c_str());
@@ -627,7 +649,15 @@ void register_technique(Registry& r) {
         text_param("trace", "length distributions: sharegpt (prompts 161, outputs 338 tokens on average) or alpaca (19 / 58)",
                    nullptr, {"sharegpt", "alpaca"}),
         int_param("requests", "requests in the stream", 200),
-        int_param("budget_tokens", "KV memory budget in tokens"),
+        int_param("budget_tokens", "KV memory budget in tokens (or budget_mib)", 0, 0),
+        int_param("budget_mib", "KV memory budget in MiB of the model's K and V (layers, kv_heads, head_dim) stored as "
+                  "kv_dtype: the tokens it holds follow the storage type", 0, 0),
+        text_param("kv_dtype", "with budget_mib: storage of K and V (bytes per token, scales included)", "fp16",
+                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
+                    "q8_0", "q4_0"}),
+        int_param("layers", "with budget_mib: the model's layers (default Llama-2-7B's)", 32),
+        int_param("kv_heads", "with budget_mib: its KV heads", 32),
+        int_param("head_dim", "with budget_mib: its head dimension", 128),
         int_param("max_len", "the model's longest sequence (what the contiguous cache reserves)", 2048, 2),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "the stream", 1, 0),
@@ -642,11 +672,17 @@ void register_technique(Registry& r) {
         {"preemptions", "1", Better::lower, Gate::report, 0, 0, "requests evicted and recomputed"},
         {"decode_steps", "1", Better::lower, Gate::report, 0, 0, "steps to serve the stream"},
         {"decode_tokens_per_step", "1", Better::higher, Gate::report, 0, 0, "decode throughput per step"},
+        {"kv_budget_tokens", "tokens", Better::higher, Gate::exact, 0, 0, "tokens the KV budget holds"},
+        {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0,
+         "with budget_mib: K and V of one token at every layer of the model, as stored"},
     };
     t.error_rule.judge = [](const Case&, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
       return Verdict{e.finite(), e.finite() ? "every request finished" : "requests left unfinished"};
     };
-    t.validate = [](const Case& c) { trace_spec(c.text("trace")); };
+    t.validate = [](const Case& c) {
+      ServingProblem p;
+      read_serving_case(c, p);
+    };
     t.prepare = prepare_serving;
     add_layouts<ServingProblem, ServingWorkload>(t, "reserve max_len tokens per request",
                                                  "blocks on demand, preemption by recompute");

@@ -20,6 +20,17 @@ TraceSpec trace_spec(const std::string& name) {
   throw Error("unknown serving trace \"" + name + "\" (sharegpt, alpaca)");
 }
 
+int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len) {
+  s.validate();
+  MT_CHECK(budget_bytes > 0 && block > 0, "serving: the KV budget and the block must be positive");
+  const int64_t tokens = budget_bytes / s.token_bytes() / block * block;
+  MT_CHECK(tokens >= max_len + block, "serving: a KV budget of " + std::to_string(budget_bytes) + " bytes holds " +
+                                          std::to_string(tokens) + " tokens of " + std::to_string(s.token_bytes()) +
+                                          " bytes (" + kv_type_name(s.type) + "), fewer than max_len (" +
+                                          std::to_string(max_len) + ") and one block");
+  return tokens;
+}
+
 namespace {
 
 struct Request {

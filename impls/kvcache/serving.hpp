@@ -38,6 +38,11 @@ struct ServingStats {
   int64_t preemptions = 0, finished = 0, steps = 0, decode_tokens = 0, max_concurrency = 0;
 };
 
+// The tokens a KV budget of budget_bytes holds when each token takes s.token_bytes() (K and V of every
+// layer, scales included), rounded down to whole blocks of `block` tokens: what a budget in bytes means for
+// each storage type. Error when that is not at least max_len tokens and one block.
+int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len);
+
 // Runs the trace to completion on `cache` (empty, with room for `budget_tokens` tokens: the paged cache's
 // pool, or the pool capacity the contiguous cache allocates from).
 ServingStats simulate(KvCache& cache, bool paged, const TraceSpec& trace, int64_t budget_tokens);
