@@ -23,8 +23,18 @@ inline constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,        KvType::f
                                     KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
                                     KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2};
 
-// Whether type t takes head_dim hd (q8_0 and q4_0 need a multiple of their block of 32).
-inline bool takes(KvType t, int64_t hd) { return !KvShape{1, 1, hd, t}.blocked() || hd % 32 == 0; }
+// The types the caches' own write_token and read_token take, and the CPU kernels: every record type and
+// int4-kivi (written by group; no CUDA kernel, no record-by-record encode_head).
+inline constexpr KvType kCacheTypes[] = {KvType::f32,      KvType::bf16,        KvType::f16,  KvType::int8,
+                                         KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
+                                         KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2,
+                                         KvType::int4_kivi};
+
+// Whether type t takes head_dim hd (q8_0, q4_0 and int4-kivi need a multiple of 32).
+inline bool takes(KvType t, int64_t hd) {
+  const KvShape s{1, 1, hd, t};
+  return (!s.blocked() && !s.kivi()) || hd % 32 == 0;
+}
 
 // fp8-e4m3-static scales in [0.5, 2) for every (layer, K or V, head) of s; int4-smooth factors in
 // [1/8, 8) for every (layer, kv head, channel).
@@ -46,15 +56,24 @@ inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
   return v;
 }
 
-// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos).
+// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos); host caches go through
+// KvCache::write_token (int4-kivi's groups), device ones get each record encoded here.
 inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
   const KvShape& s = c.shape();
+  const int64_t hd = s.head_dim;
+  std::vector<float> kv(static_cast<std::size_t>(2 * s.kv_heads * hd));
   for (int64_t l = 0; l < s.layers; ++l) {
-    uint8_t* e = c.entry(r, l, pos);
     for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
-      const auto x = normals(s.head_dim, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
-      encode_head(s.type, x.data(), s.head_dim, e + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
+      const auto x = normals(hd, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
+      std::copy(x.begin(), x.end(), kv.begin() + h * hd);
     }
+    if (c.device().backend() == Backend::cpu) {
+      c.write_token(r, l, pos, kv.data(), kv.data() + s.kv_heads * hd);
+      continue;
+    }
+    uint8_t* e = c.entry(r, l, pos);
+    for (int64_t h = 0; h < 2 * s.kv_heads; ++h)
+      encode_head(s.type, kv.data() + h * hd, hd, e + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
   }
 }
 

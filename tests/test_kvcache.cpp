@@ -217,6 +217,208 @@ TEST(KvRecords, Q8_0AndQ4_0EqualGgmlsBlocksBitForBit) {
   }
 }
 
+// int4-kivi: a request's tokens as stored, against the fp16 values of what was written. Keys per channel
+// over each complete group of 32 tokens, values per token over blocks of 32 channels: within half a step
+// (the fp16 step's rounding adds at most 15 x 2^-11 of a step at the top of the range), the step being the
+// range / 15 of that channel's group (K) or of that block (V); the incomplete group's tokens equal to fp16.
+namespace {
+struct KiviInputs {
+  std::vector<std::vector<float>> k, v;  // per position: [kv_heads][head_dim]
+};
+KiviInputs kivi_inputs(const KvShape& s, int64_t len, uint64_t seed, int64_t outlier_channel = -1) {
+  KiviInputs in;
+  for (int64_t p = 0; p < len; ++p) {
+    in.k.push_back(normals(s.kv_heads * s.head_dim, seed * 7919 + static_cast<uint64_t>(2 * p)));
+    in.v.push_back(normals(s.kv_heads * s.head_dim, seed * 7919 + static_cast<uint64_t>(2 * p + 1)));
+    if (outlier_channel >= 0)
+      for (int64_t h = 0; h < s.kv_heads; ++h) in.k.back()[h * s.head_dim + outlier_channel] *= 100.f;
+  }
+  return in;
+}
+float f16r(float x) { return to_float(to_f16(x)); }
+}  // namespace
+
+TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16) {
+  auto dev = make_cpu_device();
+  const KvShape s{2, 2, 64, KvType::int4_kivi};
+  EXPECT_EQ(s.head_bytes(), 64 / 2 + 64 / 8);  // the codes, then two (s, m) fp16 pairs
+  const int64_t len = 75;                      // two groups and 11 tokens of the third
+  const KiviInputs in = kivi_inputs(s, len, 3);
+  ContiguousCache c(*dev, s);
+  const int64_t r = c.add(len);
+  for (int64_t p = 0; p < len; ++p) {
+    ASSERT_TRUE(c.append(r));
+    for (int64_t l = 0; l < s.layers; ++l) c.write_token(r, l, p, in.k[p].data(), in.v[p].data());
+  }
+  EXPECT_EQ(c.quantized_length(r), 64);
+  const int64_t n = s.kv_heads * s.head_dim;
+  std::vector<float> k(n), v(n);
+  double worst_k = 0, worst_v = 0;
+  for (int64_t l = 0; l < s.layers; ++l)
+    for (int64_t p = 0; p < len; ++p) {
+      c.read_token(r, l, p, k.data(), v.data());
+      for (int64_t i = 0; i < n; ++i) {
+        if (p >= 64) {  // the residual: fp16 of the input
+          ASSERT_EQ(k[i], f16r(in.k[p][i])) << p << " " << i;
+          ASSERT_EQ(v[i], f16r(in.v[p][i])) << p << " " << i;
+          continue;
+        }
+        float klo = INFINITY, khi = -INFINITY, vlo = INFINITY, vhi = -INFINITY;
+        for (int64_t j = p / 32 * 32; j < p / 32 * 32 + 32; ++j) {  // channel i over the group
+          klo = std::min(klo, f16r(in.k[j][i]));
+          khi = std::max(khi, f16r(in.k[j][i]));
+        }
+        for (int64_t e = i / 32 * 32; e < i / 32 * 32 + 32; ++e) {  // element i's block of the token
+          vlo = std::min(vlo, f16r(in.v[p][e]));
+          vhi = std::max(vhi, f16r(in.v[p][e]));
+        }
+        const double sk = (khi - klo) / 15.0, sv = (vhi - vlo) / 15.0;
+        const double ek = std::fabs(k[i] - f16r(in.k[p][i])), ev = std::fabs(v[i] - f16r(in.v[p][i]));
+        ASSERT_LE(ek, sk * (0.5 + 15 * 0x1p-11) + 1e-6) << "key, position " << p << " element " << i;
+        ASSERT_LE(ev, sv * (0.5 + 15 * 0x1p-11) + 1e-6) << "value, position " << p << " element " << i;
+        worst_k = std::max(worst_k, ek / sk);
+        worst_v = std::max(worst_v, ev / sv);
+      }
+    }
+  EXPECT_GT(worst_k, 0.3);  // the codes are used: errors reach near half a step
+  EXPECT_GT(worst_v, 0.3);
+  // The kernel at head_dim 64 (two pairs per record; the other kernel tests take 32, one pair) against the
+  // float64 kernel over the same stored values, on every SIMD target.
+  test::for_each_simd_target([&](int64_t) {
+    const int64_t heads = 6;
+    const auto q = normals(heads * s.head_dim, 12);
+    std::vector<float> o(q.size());
+    std::vector<double> ref(q.size());
+    for (int64_t l = 0; l < s.layers; ++l) {
+      decode_attention(c, std::vector<int64_t>{r}, l, q.data(), heads, o.data(), 32);
+      decode_attention_ref(c, r, l, q.data(), heads, ref.data());
+      EXPECT_LE(error_stats(std::vector<double>(o.begin(), o.end()), ref).rel_l2, 2.0 * (s.head_dim + len + 8) * std::ldexp(1.0, -24))
+          << "layer " << l;
+    }
+  });
+  // A write out of order, record-by-record encoding, offload and a head size that is not a multiple of 32
+  // are refused.
+  EXPECT_THROW(c.write_token(r, 0, 10, in.k[0].data(), in.v[0].data()), Error);
+  std::vector<uint8_t> rec(static_cast<std::size_t>(s.head_bytes()));
+  EXPECT_THROW(encode_head(KvType::int4_kivi, in.k[0].data(), 64, rec.data()), Error);
+  EXPECT_THROW(decode_head(KvType::int4_kivi, rec.data(), 64, k.data()), Error);
+  PagedCache p(*dev, s, 16, 8);
+  EXPECT_THROW(p.enable_offload(4, 1), Error);
+  EXPECT_THROW((ContiguousCache{*dev, KvShape{1, 1, 48, KvType::int4_kivi}}), Error);
+  const int64_t pr = p.add(40);
+  ASSERT_TRUE(p.append(pr));
+  p.write_token(pr, 0, 0, in.k[0].data(), in.v[0].data());
+  p.write_token(pr, 1, 0, in.k[0].data(), in.v[0].data());
+  EXPECT_THROW(plan_decode(p, std::vector<int64_t>{pr}, 0, 4), Error);  // no CUDA kernel
+  // The residual is the request's and is counted: one group of fp16 K and V at every layer.
+  EXPECT_EQ(s.residual_bytes(), s.layers * 32 * 2 * s.kv_heads * s.head_dim * 2);
+  EXPECT_EQ(c.reserved_bytes(), len * s.token_bytes() + s.residual_bytes());
+  EXPECT_EQ(p.reserved_bytes(), p.block_bytes() + s.residual_bytes());
+  EXPECT_EQ(static_cast<int64_t>(dev->memory().by_tag(Tag::kv).live),
+            c.reserved_bytes() + p.num_blocks() * p.block_bytes() + s.residual_bytes());  // the whole pool is held
+  c.release(r);
+  EXPECT_EQ(c.reserved_bytes(), 0);
+}
+
+TEST(KvKivi, AKeyOutlierChannelSetsOnlyItsOwnStepAndNonFiniteInputsStayInTheirChannelOrBlock) {
+  // One key channel 100x the others (SmolLM2's keys have such channels): per-token int4 spends its step on
+  // it, KIVI's per-channel steps keep the other channels' error where it was.
+  auto dev = make_cpu_device();
+  const KvShape s{1, 1, 64, KvType::int4_kivi};
+  const int64_t len = 64, outlier = 5;
+  auto other_channels_error = [&](const KiviInputs& in, KvType t) {
+    KvShape st = s;
+    st.type = t;
+    ContiguousCache c(*dev, st);
+    const int64_t r = c.add(len);
+    double e = 0;
+    for (int64_t p = 0; p < len; ++p) {
+      EXPECT_TRUE(c.append(r));
+      c.write_token(r, 0, p, in.k[p].data(), in.v[p].data());
+    }
+    std::vector<float> k(64), v(64);
+    for (int64_t p = 0; p < len; ++p) {
+      c.read_token(r, 0, p, k.data(), v.data());
+      for (int64_t i = 0; i < 64; ++i)
+        if (i != outlier) e = std::max(e, static_cast<double>(std::fabs(k[i] - in.k[p][i])));
+    }
+    return e;
+  };
+  const KiviInputs plain = kivi_inputs(s, len, 5), spiked = kivi_inputs(s, len, 5, outlier);
+  const double kivi_plain = other_channels_error(plain, KvType::int4_kivi), kivi_spiked = other_channels_error(spiked, KvType::int4_kivi);
+  const double int4_spiked = other_channels_error(spiked, KvType::int4);
+  EXPECT_EQ(kivi_spiked, kivi_plain) << "the other channels' steps do not see the outlier";
+  EXPECT_GT(int4_spiked, 10 * kivi_spiked) << "per-token int4: the outlier sets every channel's step";
+
+  // A NaN in key channel 9 of one token: that channel is NaN over its group, every other value finite; a NaN
+  // in a value: that token's block of 32 is NaN. The other group is untouched.
+  KiviInputs bad = kivi_inputs(s, len, 6);
+  bad.k[40][9] = NAN;
+  bad.v[50][33] = INFINITY;
+  ContiguousCache c(*dev, s);
+  const int64_t r = c.add(len);
+  for (int64_t p = 0; p < len; ++p) {
+    ASSERT_TRUE(c.append(r));
+    c.write_token(r, 0, p, bad.k[p].data(), bad.v[p].data());
+  }
+  std::vector<float> k(64), v(64);
+  for (int64_t p = 0; p < len; ++p) {
+    c.read_token(r, 0, p, k.data(), v.data());
+    for (int64_t i = 0; i < 64; ++i) {
+      EXPECT_EQ(std::isnan(k[i]), p >= 32 && i == 9) << p << " " << i;
+      EXPECT_EQ(std::isfinite(v[i]), !(p == 50 && i >= 32)) << p << " " << i;
+    }
+  }
+}
+
+TEST(KvKivi, AForkInsideAGroupKeepsEachRequestsOwnTokens) {
+  // Blocks of 5 tokens (a group spans seven of them); request a of 40 tokens (8 in its incomplete group) is
+  // forked, then both grow to 70 with tokens of their own: each reads back what a contiguous cache holding
+  // its own tokens reads, bit for bit, and no block leaks.
+  auto dev = make_cpu_device();
+  const KvShape s{2, 2, 32, KvType::int4_kivi};
+  PagedCache p(*dev, s, 5, 100);
+  ContiguousCache ca(*dev, s), cf(*dev, s);
+  const KiviInputs a = kivi_inputs(s, 70, 1), f = kivi_inputs(s, 70, 2);
+  const int64_t ra = p.add(70), rca = ca.add(70), rcf = cf.add(70);
+  auto put = [&](KvCache& c, int64_t r, const KiviInputs& in, int64_t pos) {
+    ASSERT_TRUE(c.append(r));
+    for (int64_t l = 0; l < s.layers; ++l) c.write_token(r, l, pos, in.k[pos].data(), in.v[pos].data());
+  };
+  for (int64_t t = 0; t < 40; ++t) {
+    put(p, ra, a, t);
+    put(ca, rca, a, t);
+    put(cf, rcf, a, t);  // the fork's prefix is a's
+  }
+  const int64_t free_before = p.free_blocks();
+  const int64_t rf = p.fork(ra);
+  ASSERT_GE(rf, 0);
+  EXPECT_EQ(free_before - p.free_blocks(), 2) << "the blocks holding positions 32..39 are the fork's own copies";
+  for (int64_t t = 40; t < 70; ++t) {
+    put(p, ra, a, t);
+    put(ca, rca, a, t);
+    put(p, rf, f, t);
+    put(cf, rcf, f, t);
+  }
+  const int64_t n = s.kv_heads * s.head_dim;
+  std::vector<float> k1(n), v1(n), k2(n), v2(n);
+  for (int64_t l = 0; l < s.layers; ++l)
+    for (int64_t t = 0; t < 70; ++t) {
+      p.read_token(ra, l, t, k1.data(), v1.data());
+      ca.read_token(rca, l, t, k2.data(), v2.data());
+      ASSERT_EQ(std::memcmp(k1.data(), k2.data(), n * 4), 0) << "a, position " << t;
+      ASSERT_EQ(std::memcmp(v1.data(), v2.data(), n * 4), 0) << "a, position " << t;
+      p.read_token(rf, l, t, k1.data(), v1.data());
+      cf.read_token(rcf, l, t, k2.data(), v2.data());
+      ASSERT_EQ(std::memcmp(k1.data(), k2.data(), n * 4), 0) << "fork, position " << t;
+      ASSERT_EQ(std::memcmp(v1.data(), v2.data(), n * 4), 0) << "fork, position " << t;
+    }
+  p.release(ra);
+  p.release(rf);
+  EXPECT_EQ(p.free_blocks(), p.num_blocks());
+  EXPECT_EQ(p.reserved_bytes(), 0);
+}
+
 TEST(PagedCache, RandomOperationsNeverLeakOrDoubleFreeBlocks) {
   auto dev = make_cpu_device();
   const KvShape s{2, 1, 4, KvType::f32};
@@ -297,7 +499,7 @@ TEST(KvCache, RunningOutIsARefusalNotACrash) {
 TEST(DecodeAttention, PagedEqualsContiguousBitForBitOverRandomBlockTables) {
   auto dev = make_cpu_device();
   for (const int64_t hd : {32, 20})  // 20: the in-order dot of head sizes that are not a multiple of 16
-  for (KvType t : kTypes) {
+  for (KvType t : kCacheTypes) {
     if (!takes(t, hd)) continue;
     KvShape s{2, 2, hd, t};
     random_static_scales(s, 4);
@@ -473,7 +675,7 @@ TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimd
   test::for_each_simd_target([&](int64_t) {
     for (const int64_t hd : {32, 20})
       for (const int64_t group : {1, 3, 6, 130})
-        for (KvType t : kTypes) {
+        for (KvType t : kCacheTypes) {
           if (!takes(t, hd)) continue;
           SCOPED_TRACE(std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd) + " group " + std::to_string(group));
           KvShape s{1, 2, hd, t};
@@ -507,9 +709,11 @@ TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimd
             // int4-smooth's smoothed queries beside them (4 requests x heads x head_dim floats).
             int64_t slots = 0;
             for (int64_t len : lens) slots += decode_splits(len, split) > 1 ? decode_splits(len, split) : 0;
+            // int4-kivi's: a group's scaled queries and score biases per thread (heads x (head_dim + 1) floats).
             const int64_t smoothed = t == KvType::int4_smooth ? 4 * heads * hd * 4 : 0;
+            const int64_t kivi = t == KvType::int4_kivi ? omp_get_max_threads() * heads * (hd + 1) * 4 : 0;
             EXPECT_EQ(dev->memory().by_tag(Tag::workspace).peak,
-                      std::max<std::size_t>(peak, slots * heads * (hd + 2) * 4 + smoothed));
+                      std::max<std::size_t>(peak, slots * heads * (hd + 2) * 4 + smoothed + kivi));
             for (int64_t b = 0; b < 4; ++b) {
               std::vector<double> ref(heads * hd);
               decode_attention_ref(c, rc[b], 0, &q[b * heads * hd], heads, ref.data());

@@ -9,6 +9,7 @@
 
 #include "common/common.hpp"
 #include "impls/attention/tile_math.hpp"
+#include "impls/kvcache/record.hpp"
 #include "impls/kvcache/simd/decode_simd.hpp"
 
 namespace memtrade::kvcache {
@@ -16,9 +17,9 @@ namespace memtrade::kvcache {
 namespace {
 void check(const KvCache& c, int64_t heads) {
   const KvShape& s = c.shape();
-  MT_CHECK(heads > 0 && heads % s.kv_heads == 0 && heads / s.kv_heads <= 256 && s.head_dim <= 256,
+  MT_CHECK(heads > 0 && heads % s.kv_heads == 0 && heads / s.kv_heads <= 256 && s.head_dim <= kMaxHeadDim,
            "decode attention: heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" +
-               std::to_string(s.kv_heads) + ") and head_dim at most 256");
+               std::to_string(s.kv_heads) + ") and head_dim at most " + std::to_string(kMaxHeadDim));
 }
 }  // namespace
 
@@ -27,17 +28,14 @@ void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const fl
   const KvShape& s = c.shape();
   const int64_t hd = s.head_dim, group = heads / s.kv_heads, n = c.length(req);
   MT_CHECK(n > 0, "decode attention: the request has no cached token");
-  // Every K and V of the request, decoded: [n][2][kv_heads][hd].
+  // Every K and V of the request as stored, decoded (read_token): [n][2][kv_heads][hd].
   std::vector<double> kv(static_cast<std::size_t>(n * 2 * s.kv_heads * hd));
-  std::vector<float> tmp(static_cast<std::size_t>(hd));
-  c.runs(req, layer, [&](const uint8_t* e, int64_t pos, int64_t count) {
-    for (int64_t t = 0; t < count; ++t)
-      for (int64_t r = 0; r < 2 * s.kv_heads; ++r) {
-        decode_head(s.type, e + (t * 2 * s.kv_heads + r) * s.head_bytes(), hd, tmp.data(),
-                    s.record_scales(layer, r < s.kv_heads ? 0 : 1, r % s.kv_heads));
-        std::copy(tmp.begin(), tmp.end(), kv.begin() + ((pos + t) * 2 * s.kv_heads + r) * hd);
-      }
-  });
+  std::vector<float> tk(static_cast<std::size_t>(s.kv_heads * hd)), tv(tk.size());
+  for (int64_t pos = 0; pos < n; ++pos) {
+    c.read_token(req, layer, pos, tk.data(), tv.data());
+    std::copy(tk.begin(), tk.end(), kv.begin() + pos * 2 * s.kv_heads * hd);
+    std::copy(tv.begin(), tv.end(), kv.begin() + (pos * 2 + 1) * s.kv_heads * hd);
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   std::vector<double> p(static_cast<std::size_t>(n));
   for (int64_t h = 0; h < heads; ++h) {
@@ -61,6 +59,50 @@ void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const fl
 }
 
 int64_t decode_splits(int64_t tokens, int64_t split_tokens) { return (tokens + split_tokens - 1) / split_tokens; }
+
+namespace {
+
+// int4-kivi: positions [from, to) of request req for the unit du (its KV heads, outputs and the request's
+// queries q), whose entries are tokens[0 ..): the complete groups' records one group at a time, with the
+// queries multiplied channel by channel by the group's key steps s (qg: heads x head_dim floats) and the score
+// bias sum_c q_c (m_c + 8 s_c) (bias: heads floats), then the residual's fp16 tokens of the incomplete group.
+// One online softmax runs through all of it (DecodeUnit::start).
+void kivi_unit(const KvCache& c, int64_t req, int64_t layer, int64_t from, int64_t to, const uint8_t* const* tokens,
+               simd::DecodeUnit du, const float* q, float* qg, float* bias) {
+  const KvShape& s = c.shape();
+  const int64_t hd = s.head_dim, hb = s.head_bytes(), nq = c.quantized_length(req);
+  for (int64_t p = from; p < std::min(to, nq);) {
+    const int64_t first = p / kKiviGroup * kKiviGroup, end = std::min({first + kKiviGroup, to, nq});
+    const uint8_t* group[kKiviGroup];
+    c.runs_in(req, layer, first, first + kKiviGroup, [&](const uint8_t* e, int64_t at, int64_t n) {
+      for (int64_t t = 0; t < n; ++t) group[at - first + t] = e + t * s.entry_bytes();
+    });
+    simd::kivi_queries(group, hb, hd, du.g0, du.g1, du.group, q, qg, bias);
+    du.q = qg;
+    du.score_bias = bias;
+    du.tokens = tokens + (p - from);
+    du.count = end - p;
+    du.lookahead = std::min(std::min(to, nq) - end, simd::kDecodeChunk);  // the next group's first chunk
+    simd::decode_unit(du);
+    du.start = false;
+    p = end;
+  }
+  if (to <= nq) return;
+  const uint8_t* res = c.residual(req, layer);
+  const uint8_t* rt[kKiviGroup];
+  const int64_t r0 = std::max(from, nq);
+  for (int64_t p = r0; p < to; ++p) rt[p - r0] = res + (p % kKiviGroup) * s.residual_entry_bytes();
+  du.type = KvType::f16;
+  du.head_bytes = 2 * hd;
+  du.q = q;
+  du.score_bias = nullptr;
+  du.tokens = rt;
+  du.count = to - r0;
+  du.lookahead = 0;
+  simd::decode_unit(du);
+}
+
+}  // namespace
 
 void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, const float* q, int64_t heads,
                       float* out, int64_t split_tokens) {
@@ -90,6 +132,12 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
   const int64_t ranges = std::clamp<int64_t>((2 * omp_get_max_threads() + splits - 1) / splits, 1, s.kv_heads);
   float qk_scale[kMaxHeads];
   for (int64_t g = 0; g < s.kv_heads; ++g) qk_scale[g] = s.qk_scale(layer, g);
+  // int4-kivi: per thread, the queries times a group's key steps and the score biases (heads x (head_dim + 1)).
+  Buffer kivi_ws;
+  const int64_t kivi_floats = heads * (hd + 1);
+  if (s.kivi())
+    kivi_ws = Buffer(c.device().memory(), static_cast<std::size_t>(omp_get_max_threads() * kivi_floats) * sizeof(float),
+                     Tag::workspace);
   // int4-smooth: the keys are stored divided by the smoothing factors, so the query is multiplied by them
   // (a workspace of reqs x heads x head_dim floats) and the kernel reads the records as plain int4.
   Buffer q_smooth;
@@ -129,7 +177,12 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
     du.o = slot ? slot : out + b * heads * hd;
     du.m = slot ? slot + heads * hd : m1;
     du.l = slot ? slot + heads * (hd + 1) : l1;
-    simd::decode_unit(du);
+    if (s.kivi()) {
+      float* w = kivi_ws.as<float>() + omp_get_thread_num() * kivi_floats;
+      kivi_unit(c, reqs[b], layer, from, to, tokens, du, du.q, w, w + heads * hd);
+    } else {
+      simd::decode_unit(du);
+    }
     if (!slot)
       for (int64_t h = du.g0 * group; h < du.g1 * group; ++h) {
         const float inv = 1.f / l1[h], v_scale = s.scale(layer, 1, h / group);
@@ -165,6 +218,8 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
   MT_CHECK(split_tokens > 0, "decode attention: split_tokens must be positive (got " + std::to_string(split_tokens) + ")");
   c.require_staged(reqs, layer);
   const KvShape& s = c.shape();
+  MT_CHECK(!s.kivi(), "decode attention: int4-kivi has no CUDA kernel (its keys need their group's steps and its last "
+                      "tokens the residual; CPU only)");
   DecodePlan p;
   p.type = s.type;
   p.heads = heads;

@@ -17,6 +17,9 @@
 //                          count (head ranges, which follow the thread count, do not change the arithmetic).
 //                          int4-smooth multiplies the queries by the key smoothing factors first, in a
 //                          workspace of reqs x heads x head_dim floats, and reads the records as int4.
+//                          int4-kivi runs a unit group by group: the queries times the group's key steps and a
+//                          score bias per query head (a workspace of threads x heads x (head_dim + 1)
+//                          floats), the records' codes read as int4's, then the residual's fp16 tokens.
 //
 // CUDA (decode_kernels.cuh, launched by decode_attention.cu), the same flash-decoding over a block table
 // as vLLM's PagedAttention reads it: plan_decode() lists, on the host, where each request's tokens live (its runs of entries cut into
@@ -46,6 +49,7 @@ void decode_attention_ref(const KvCache& c, int64_t req, int64_t layer, const fl
 constexpr int64_t kDecodeSplitTokens = 1024;  // default split of a request's context
 constexpr int64_t kMaxSplitTokens = 4096;
 constexpr int64_t kMaxHeads = 1024;  // query heads per request
+constexpr int64_t kMaxHeadDim = 256;
 
 // reqs.size() requests at once: q and out are [reqs x heads x head_dim]. split_tokens: a positive multiple
 // of 16, at most kMaxSplitTokens.
@@ -54,8 +58,12 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
 // Splits of a request of `tokens` cached tokens; one of more than one takes a workspace slot.
 int64_t decode_splits(int64_t tokens, int64_t split_tokens = kDecodeSplitTokens);
 
-// Bytes the kernel reads from the cache for one request at one layer (every K and V record).
-inline int64_t decode_bytes_read(const KvCache& c, int64_t req) { return c.length(req) * c.shape().entry_bytes(); }
+// Bytes the kernel reads from the cache for one request at one layer (every K and V record; int4-kivi: the
+// complete groups' records and the residual's fp16 tokens).
+inline int64_t decode_bytes_read(const KvCache& c, int64_t req) {
+  const int64_t nq = c.quantized_length(req);
+  return nq * c.shape().entry_bytes() + (c.length(req) - nq) * c.shape().residual_entry_bytes();
+}
 
 // ---- CUDA ----
 
@@ -82,7 +90,8 @@ struct DecodePlan {
   // lane's elements and every record is aligned to the slice's bytes (at most 16).
   bool vector_loads = false;
 };
-// split_tokens: positive; Error for a request with no token or heads that kv_heads does not divide.
+// split_tokens: positive; Error for a request with no token, heads that kv_heads does not divide, or an
+// int4-kivi cache (no CUDA kernel).
 DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, int64_t heads,
                        int64_t split_tokens = kCudaSplitTokens);
 

@@ -218,11 +218,7 @@ void Decoder::step(std::span<const int64_t> reqs, std::span<const int32_t> token
       float *qb = q + b * qkv_stride, *kb = k + b * kv_stride, *vb = v + b * kv_stride;
       rope(qb, H, pos[b]);
       rope(kb, c_.kv_heads, pos[b]);
-      uint8_t* e = cache_.entry(reqs[b], l, pos[b]);
-      for (int64_t h = 0; h < c_.kv_heads; ++h) {
-        encode_head(s.type, kb + h * hd, hd, e + h * s.head_bytes(), s.record_scales(l, 0, h));
-        encode_head(s.type, vb + h * hd, hd, e + (c_.kv_heads + h) * s.head_bytes(), s.record_scales(l, 1, h));
-      }
+      cache_.write_token(reqs[b], l, pos[b], kb, vb);
       auto raise = [](float& m, float x) {
         if (!std::isnan(m) && (std::isnan(x) || std::abs(x) > m)) m = std::abs(x);
       };

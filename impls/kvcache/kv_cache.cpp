@@ -23,16 +23,17 @@ const char* kv_type_name(KvType t) {
     case KvType::q8_0: return "q8_0";
     case KvType::q4_0: return "q4_0";
     case KvType::fp8_e5m2: return "fp8-e5m2";
+    case KvType::int4_kivi: return "int4-kivi";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
   for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static,
-                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2})
+                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2, KvType::int4_kivi})
     if (s == kv_type_name(t)) return t;
   throw Error("unknown KV cache dtype \"" + s +
-              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0, fp8-e5m2)");
+              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0, fp8-e5m2, int4-kivi)");
 }
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
@@ -44,6 +45,9 @@ void KvShape::validate() const {
   MT_CHECK(layers > 0 && kv_heads > 0 && head_dim > 0, "kv cache: layers, kv_heads and head_dim must be positive");
   MT_CHECK((type != KvType::int4 && type != KvType::int4_smooth) || head_dim % 2 == 0,
            "kv cache: int4 packs two values per byte, so head_dim must be even (got " + std::to_string(head_dim) + ")");
+  MT_CHECK(!kivi() || head_dim % kKiviGroup == 0,
+           "kv cache: int4-kivi keeps head_dim / 32 channels' key parameters in each record of a group of 32 tokens, so "
+           "head_dim must be a multiple of 32 (got " + std::to_string(head_dim) + ")");
   MT_CHECK(!blocked() || head_dim % kKvBlock == 0, std::string("kv cache: ") + kv_type_name(type) +
                                                       " scales blocks of 32 values, so head_dim must be a multiple of 32 (got " +
                                                       std::to_string(head_dim) + ")");
@@ -69,7 +73,7 @@ int64_t KvShape::elem_bits() const {
     case KvType::bf16: case KvType::f16: return 16;
     case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: case KvType::q8_0: case KvType::fp8_e5m2:
       return 8;
-    case KvType::int4: case KvType::int4_smooth: case KvType::q4_0: return 4;
+    case KvType::int4: case KvType::int4_smooth: case KvType::q4_0: case KvType::int4_kivi: return 4;
   }
   return 32;
 }
@@ -115,6 +119,7 @@ void encode_blocks(KvType t, const float* x, int64_t n, uint8_t* r) {
 
 void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales sc) {
   switch (t) {
+    case KvType::int4_kivi: throw Error("kv cache: int4-kivi records are written by group (KvCache::write_token)");
     case KvType::q8_0:
     case KvType::q4_0: return encode_blocks(t, x, n, r);
     case KvType::fp8_e4m3_static:
@@ -163,6 +168,7 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales s
 }
 
 void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, RecordScales sc) {
+  MT_CHECK(t != KvType::int4_kivi, "kv cache: int4-kivi keys are decoded with their group (KvCache::read_token)");
   if (t == KvType::f32) {
     std::memcpy(x, r, n * 4);
     return;
@@ -185,6 +191,147 @@ int64_t KvCache::used_bytes() const {
   return n * shape_.token_bytes();
 }
 
+namespace {
+
+// int4-kivi's asymmetric 4-bit step over n fp16 values h[i * stride] of the residual (a key channel over a
+// group's tokens, or a value block over its channels): s = (max - min) / 15 and m = min, both rounded to fp16,
+// and the codes taken against the rounded pair; a NaN or Inf among them gives s = NaN and zero codes; max =
+// min gives s = 0 and zero codes.
+struct KiviStep {
+  uint16_t s, m;
+};
+KiviStep kivi_step(const uint16_t* h, int64_t n, int64_t stride, uint8_t* codes) {
+  auto x = [&](int64_t i) { return half_bits_to_float(h[i * stride]); };
+  float lo = x(0), hi = x(0);
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x(i);
+    finite = finite && std::isfinite(v);
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  const f16_t s = to_f16(finite ? (hi - lo) / 15.f : NAN), m = to_f16(finite ? lo : 0.f);
+  const float sf = to_float(s), mf = to_float(m);
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = sf > 0 && std::isfinite(sf) ? static_cast<uint8_t>(std::clamp(std::rint((x(i) - mf) / sf), 0.f, 15.f)) : 0;
+  return {s.bits, m.bits};
+}
+
+void put_pair(uint8_t* r, int64_t hd, int64_t k, KiviStep st) {
+  uint8_t* p = r + record_code_bytes(KvType::int4_kivi, hd) + 4 * k;
+  std::memcpy(p, &st.s, 2);
+  std::memcpy(p + 2, &st.m, 2);
+}
+
+void put_code(uint8_t* r, int64_t i, uint8_t q) { r[i / 2] = static_cast<uint8_t>(i % 2 ? (r[i / 2] & 0x0F) | q << 4 : (r[i / 2] & 0xF0) | q); }
+
+}  // namespace
+
+bool KvCache::add_residual(Device& dev, int64_t req) {
+  if (!shape_.kivi()) return true;
+  if (static_cast<int64_t>(residual_.size()) <= req) residual_.resize(static_cast<std::size_t>(req + 1));
+  try {
+    residual_[req] = Buffer(dev.memory(), static_cast<std::size_t>(shape_.residual_bytes()), Tag::kv);
+  } catch (const OutOfMemory&) {
+    return false;
+  }
+  return true;
+}
+
+void KvCache::drop_residual(int64_t req) {
+  if (req < static_cast<int64_t>(residual_.size())) residual_[req] = Buffer();
+}
+
+int64_t KvCache::residual_reserved() const {
+  int64_t n = 0;
+  for (const Buffer& b : residual_) n += static_cast<int64_t>(b.bytes());
+  return n;
+}
+
+const uint8_t* KvCache::residual(int64_t req, int64_t layer) const {
+  MT_CHECK(shape_.kivi() && req >= 0 && req < static_cast<int64_t>(residual_.size()) && residual_[req].bytes() > 0 &&
+               layer >= 0 && layer < shape_.layers,
+           "kv cache: request " + std::to_string(req) + " has no int4-kivi residual at layer " + std::to_string(layer));
+  return residual_[req].as<uint8_t>() + layer * kKiviGroup * shape_.residual_entry_bytes();
+}
+
+void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v) {
+  MT_CHECK(device().backend() == Backend::cpu, "kv cache: write_token writes host memory (a CPU cache)");
+  const int64_t hd = shape_.head_dim, kvh = shape_.kv_heads, hb = shape_.head_bytes();
+  uint8_t* e = entry(req, layer, pos);
+  if (!shape_.kivi()) {
+    for (int64_t h = 0; h < kvh; ++h) {
+      encode_head(shape_.type, k + h * hd, hd, e + h * hb, shape_.record_scales(layer, 0, h));
+      encode_head(shape_.type, v + h * hd, hd, e + (kvh + h) * hb, shape_.record_scales(layer, 1, h));
+    }
+    return;
+  }
+  MT_CHECK(pos == length(req) - 1, "kv cache: int4-kivi tokens are written in order, each as the request's last");
+  // The token into the residual, its records zero until the group completes.
+  auto* res = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(residual(req, layer)));
+  const int64_t slot = pos % kKiviGroup, per = 2 * kvh * hd;
+  for (int64_t i = 0; i < kvh * hd; ++i) {
+    res[slot * per + i] = to_f16(k[i]).bits;
+    res[slot * per + kvh * hd + i] = to_f16(v[i]).bits;
+  }
+  std::memset(e, 0, static_cast<std::size_t>(shape_.entry_bytes()));
+  if (slot != kKiviGroup - 1) return;
+  // The group is complete: its records from the residual's fp16 values.
+  const int64_t first = pos - slot, c = hd / kKiviGroup;
+  uint8_t* recs[kKiviGroup];
+  for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = entry(req, layer, first + j);
+  uint8_t codes[kKiviGroup];
+  for (int64_t h = 0; h < kvh; ++h) {
+    for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
+      const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, codes);
+      for (int64_t j = 0; j < kKiviGroup; ++j) put_code(recs[j] + h * hb, ch, codes[j]);
+      put_pair(recs[ch / c] + h * hb, hd, ch % c, st);
+    }
+    for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
+      for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
+        const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, codes);
+        uint8_t* r = recs[j] + (kvh + h) * hb;
+        for (int64_t i = 0; i < kKiviGroup; ++i) put_code(r, b * kKiviGroup + i, codes[i]);
+        put_pair(r, hd, b, st);
+      }
+  }
+}
+
+void KvCache::read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const {
+  const int64_t hd = shape_.head_dim, kvh = shape_.kv_heads, hb = shape_.head_bytes();
+  MT_CHECK(pos >= 0 && pos < length(req), "kv cache: read_token out of range");
+  if (shape_.kivi() && pos >= quantized_length(req)) {
+    const auto* res = reinterpret_cast<const uint16_t*>(residual(req, layer)) + (pos % kKiviGroup) * 2 * kvh * hd;
+    for (int64_t i = 0; i < kvh * hd; ++i) {
+      k[i] = half_bits_to_float(res[i]);
+      v[i] = half_bits_to_float(res[kvh * hd + i]);
+    }
+    return;
+  }
+  const uint8_t* e = nullptr;
+  runs_in(req, layer, pos, pos + 1, [&](const uint8_t* p, int64_t, int64_t) { e = p; });
+  if (!shape_.kivi()) {
+    for (int64_t h = 0; h < kvh; ++h) {
+      decode_head(shape_.type, e + h * hb, hd, k + h * hd, shape_.record_scales(layer, 0, h));
+      decode_head(shape_.type, e + (kvh + h) * hb, hd, v + h * hd, shape_.record_scales(layer, 1, h));
+    }
+    return;
+  }
+  // A key channel's (s, m) lives in record ch / c of the group.
+  const int64_t first = pos / kKiviGroup * kKiviGroup, c = hd / kKiviGroup;
+  const uint8_t* group[kKiviGroup];
+  runs_in(req, layer, first, first + kKiviGroup, [&](const uint8_t* p, int64_t at, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) group[at - first + t] = p + t * shape_.entry_bytes();
+  });
+  for (int64_t h = 0; h < kvh; ++h)
+    for (int64_t i = 0; i < hd; ++i) {
+      const KiviPair kp = kivi_pair(group[i / c] + h * hb, hd, i % c);
+      k[h * hd + i] = kp.m + kp.s * (record_value(KvType::int4_kivi, e + h * hb, i) + 8.f);
+      const KiviPair vp = kivi_pair(e + (kvh + h) * hb, hd, i / kKiviGroup);
+      v[h * hd + i] = vp.m + vp.s * (record_value(KvType::int4_kivi, e + (kvh + h) * hb, i) + 8.f);
+    }
+}
+
 // ---- contiguous ----
 
 const ContiguousCache::Req& ContiguousCache::at(int64_t req) const {
@@ -195,7 +342,8 @@ const ContiguousCache::Req& ContiguousCache::at(int64_t req) const {
 
 int64_t ContiguousCache::add(int64_t max_tokens) {
   MT_CHECK(max_tokens > 0, "kv cache: a request needs max_tokens > 0");
-  if (budget_ > 0 && reserved_bytes() + max_tokens * shape_.token_bytes() > budget_ * shape_.token_bytes()) return -1;
+  if (budget_ > 0 && reserved_bytes() + max_tokens * shape_.token_bytes() + shape_.residual_bytes() > budget_ * shape_.token_bytes())
+    return -1;
   Req r;
   try {
     r.buf = Buffer(dev_.memory(), static_cast<std::size_t>(max_tokens * shape_.token_bytes()), Tag::kv);
@@ -205,7 +353,12 @@ int64_t ContiguousCache::add(int64_t max_tokens) {
   r.max = max_tokens;
   r.live = true;
   reqs_.push_back(std::move(r));
-  return static_cast<int64_t>(reqs_.size()) - 1;
+  const int64_t id = static_cast<int64_t>(reqs_.size()) - 1;
+  if (!add_residual(dev_, id)) {
+    reqs_.back() = Req();
+    return -1;
+  }
+  return id;
 }
 
 bool ContiguousCache::append(int64_t req) {
@@ -220,6 +373,7 @@ void ContiguousCache::release(int64_t req) {
   r.buf = Buffer();
   r.live = false;
   r.len = 0;
+  drop_residual(req);
 }
 
 uint8_t* ContiguousCache::entry(int64_t req, int64_t layer, int64_t pos) {
@@ -239,7 +393,7 @@ int64_t ContiguousCache::reserved_bytes() const {
   int64_t n = 0;
   for (const Req& r : reqs_)
     if (r.live) n += r.max * shape_.token_bytes();
-  return n;
+  return n + residual_reserved();
 }
 
 std::vector<int64_t> ContiguousCache::live_requests() const {
@@ -275,6 +429,7 @@ void PagedCache::enable_offload(int64_t host_blocks, int64_t hot_blocks) {
   MT_CHECK(host_blocks > 0 && host_blocks < (int64_t{1} << 31) && hot_blocks > 0,
            "kv cache: offload needs host_blocks > 0 and hot_blocks > 0");
   MT_CHECK(reqs_.empty() && !offloading(), "kv cache: enable_offload before the first request, once");
+  MT_CHECK(!shape_.kivi(), "kv cache: int4-kivi does not offload (a completing group rewrites records that may be cold)");
   host_blocks_ = host_blocks;
   hot_blocks_ = hot_blocks;
   host_pool_ = Buffer(dev_.host(), static_cast<std::size_t>(host_blocks * block_bytes()), Tag::kv);
@@ -323,7 +478,12 @@ int64_t PagedCache::add(int64_t max_tokens) {
   Req r;
   r.live = true;
   reqs_.push_back(std::move(r));
-  return static_cast<int64_t>(reqs_.size()) - 1;
+  const int64_t id = static_cast<int64_t>(reqs_.size()) - 1;
+  if (!add_residual(dev_, id)) {
+    reqs_.back().live = false;
+    return -1;
+  }
+  return id;
 }
 
 bool PagedCache::append(int64_t req) {
@@ -352,9 +512,39 @@ bool PagedCache::append(int64_t req) {
 
 int64_t PagedCache::fork(int64_t req) {
   Req copy = at(req);
-  for (int32_t b : copy.table) ++(b >= 0 ? refs_[b] : host_refs_[-1 - b]);
+  // int4-kivi: completing the incomplete group rewrites its records, so the blocks that hold any of its
+  // positions are the fork's own copies from the start (-1 when the pool cannot give them).
+  std::vector<int32_t> own;
+  if (shape_.kivi() && copy.len % kKiviGroup != 0) {
+    for (int64_t i = quantized_length(req) / block_tokens_; i < static_cast<int64_t>(copy.table.size()); ++i) {
+      if (free_.empty()) {
+        for (int32_t b : own) {
+          refs_[b] = 0;
+          free_.push_back(b);
+        }
+        return -1;
+      }
+      const int32_t b = free_.back();
+      free_.pop_back();
+      refs_[b] = 1;
+      for (int64_t l = 0; l < shape_.layers; ++l)
+        dev_.copy(block_ptr(b, l), block_ptr(copy.table[i], l), static_cast<std::size_t>(slice_bytes()), CopyKind::device_to_device);
+      own.push_back(b);
+    }
+  }
+  const std::size_t shared = copy.table.size() - own.size();
+  for (std::size_t i = 0; i < shared; ++i) ++(copy.table[i] >= 0 ? refs_[copy.table[i]] : host_refs_[-1 - copy.table[i]]);
+  std::copy(own.begin(), own.end(), copy.table.begin() + static_cast<std::ptrdiff_t>(shared));
   reqs_.push_back(std::move(copy));
-  return static_cast<int64_t>(reqs_.size()) - 1;
+  const int64_t id = static_cast<int64_t>(reqs_.size()) - 1;
+  if (!add_residual(dev_, id)) {
+    release(id);
+    return -1;
+  }
+  if (shape_.kivi())
+    dev_.copy(residual_[id].as<uint8_t>(), residual_[req].as<uint8_t>(), static_cast<std::size_t>(shape_.residual_bytes()),
+              CopyKind::device_to_device);
+  return id;
 }
 
 void PagedCache::release(int64_t req) {
@@ -366,6 +556,7 @@ void PagedCache::release(int64_t req) {
   r.table.clear();
   r.len = r.cold = 0;
   r.live = false;
+  drop_residual(req);
 }
 
 uint8_t* PagedCache::entry(int64_t req, int64_t layer, int64_t pos) {
@@ -403,7 +594,7 @@ void PagedCache::runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, c
 }
 
 int64_t PagedCache::reserved_bytes() const {
-  return (num_blocks_ - static_cast<int64_t>(free_.size())) * block_bytes();
+  return (num_blocks_ - static_cast<int64_t>(free_.size())) * block_bytes() + residual_reserved();
 }
 
 std::vector<int64_t> PagedCache::live_requests() const {

@@ -31,6 +31,20 @@
 //                        held by the shape (vLLM's k_scale / v_scale, calibrated before serving; 1 when
 //                        none is given), no scale in the record: exactly half of bf16's bytes. Values
 //                        beyond 448 s saturate; the kernel folds s into the scores and the output.
+//   int4-kivi            KIVI (Liu et al., ICML 2024): keys quantized per channel over groups of 32 tokens
+//                        (32 consecutive positions from a multiple of 32), values per token over blocks of 32
+//                        channels, both asymmetric 4-bit: codes q = rint((x - m) / s) in [0, 15] with m the
+//                        minimum and s = (max - min) / 15, both stored in fp16 (the codes taken against the
+//                        stored values), value m + s q. The tokens of a request's last, incomplete group stay in
+//                        fp16 in a residual area of the request ([layers][32][K, V][kv_heads][head_dim], tag kv;
+//                        KIVI keeps its recent tokens in full precision) and are quantized together when the group
+//                        completes. A record holds its head_dim / 2 code bytes (int4's nibble order), then head_dim /
+//                        32 pairs (s, m) of fp16: a V record its blocks', a K record those of channels [j c, (j + 1)
+//                        c) of its group (j its position in the group, c = head_dim / 32), so a key is decoded with
+//                        its group's 32 records (read_token). head_dim must be a multiple of 32. A NaN or Inf makes
+//                        the channel's (K) or block's (V) step NaN over the group: those values decode to NaN.
+//                        Records of the incomplete group are zero until it completes; the kernels read the
+//                        residual there. Written only through write_token, in order; CPU kernels only.
 // A vector of zeros stores s = 0 and decodes to zeros; a NaN or Inf element makes the scale non-finite
 // and the whole vector decodes to NaN (a defined, visible result; q8_0 / q4_0: its block of 32); with a
 // static scale (and fp8-e5m2), a NaN element stays NaN and an infinite one saturates, element by element. A q8_0 / q4_0
@@ -68,11 +82,15 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0, fp8_e5m2 };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0, fp8_e5m2, int4_kivi };
 const char* kv_type_name(KvType t);
 // "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0",
-// "fp8-e5m2"; Error otherwise
+// "fp8-e5m2", "int4-kivi"; Error otherwise
 KvType parse_kv_type(const std::string& s);
+
+// int4-kivi: tokens per key group (and the length of the fp16 residual of the incomplete group), channels per
+// value block.
+constexpr int64_t kKiviGroup = 32;
 
 // What scales a record beyond its own bytes: fp8-e4m3-static's scale of its (layer, K or V, kv head), and
 // int4-smooth's key smoothing factors (head_dim of them; nullptr for V records and every other type).
@@ -115,13 +133,20 @@ struct KvShape {
     return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4 || type == KvType::int4_smooth;
   }
   bool blocked() const { return type == KvType::q8_0 || type == KvType::q4_0; }  // an fp16 scale per 32 elements
-  int64_t head_bytes() const { return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0) + (blocked() ? head_dim / 16 : 0); }
+  bool kivi() const { return type == KvType::int4_kivi; }  // (s, m) fp16 pairs, head_dim / 32 of them
+  int64_t head_bytes() const {
+    return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0) + (blocked() ? head_dim / 16 : 0) + (kivi() ? head_dim / 8 : 0);
+  }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
+  // int4-kivi: one request's residual area (fp16 K and V of kKiviGroup tokens at every layer); 0 otherwise.
+  int64_t residual_entry_bytes() const { return 2 * kv_heads * head_dim * 2; }
+  int64_t residual_bytes() const { return kivi() ? layers * kKiviGroup * residual_entry_bytes() : 0; }
 };
 
 // One head vector to and from its record; sc is the shape's record_scales() for the record's (layer, K or
-// V, head) and matters to fp8-e4m3-static and int4-smooth only.
+// V, head) and matters to fp8-e4m3-static and int4-smooth only. Not int4-kivi, whose key records need their
+// group (KvCache::write_token / read_token): Error.
 void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, RecordScales sc = {});
 void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, RecordScales sc = {});
 
@@ -139,6 +164,18 @@ class KvCache {
   virtual int64_t length(int64_t req) const = 0;
   // Token pos's [K, V] x kv_heads records at `layer`; writable only for the request's last token.
   virtual uint8_t* entry(int64_t req, int64_t layer, int64_t pos) = 0;
+  // Host caches (the CPU device): stores token pos's keys and values at `layer` (k, v: [kv_heads][head_dim])
+  // as the storage type says. int4-kivi: pos must be the request's last token, and when it completes a group
+  // of kKiviGroup tokens the group's records are written from the residual. read_token gives them back as
+  // the kernels read them (int4-kivi: the residual's fp16 values for the incomplete group).
+  void write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v);
+  void read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const;
+  // Tokens of the request held in records: its length, or for int4-kivi its complete groups'; the rest are in
+  // residual(req, layer): fp16 entries of [K, V] x kv_heads x head_dim, position p at slot p % kKiviGroup.
+  int64_t quantized_length(int64_t req) const {
+    return shape_.kivi() ? length(req) / kKiviGroup * kKiviGroup : length(req);
+  }
+  const uint8_t* residual(int64_t req, int64_t layer) const;
   // The request's tokens at `layer` as runs of consecutive entries: fn(first entry, first pos, count);
   // runs_in: only those at positions [from, to) (clipped to the request's length), in position order.
   using RunFn = std::function<void(const uint8_t*, int64_t, int64_t)>;
@@ -164,6 +201,11 @@ class KvCache {
   virtual std::vector<int64_t> live_requests() const = 0;
 
  protected:
+  // int4-kivi's residual areas, by request id (empty Buffers for the other types and released requests).
+  bool add_residual(Device& dev, int64_t req);  // false when the pool cannot hold it
+  void drop_residual(int64_t req);
+  int64_t residual_reserved() const;
+  std::vector<Buffer> residual_;
   KvShape shape_;
 };
 
@@ -209,7 +251,9 @@ class PagedCache final : public KvCache {
   int64_t reserved_bytes() const override;
   std::vector<int64_t> live_requests() const override;
 
-  // A new request sharing all of req's tokens (their blocks' reference counts go up).
+  // A new request sharing all of req's tokens (their blocks' reference counts go up). int4-kivi: the blocks
+  // that hold positions of req's incomplete group are copied for the fork instead (completing the group
+  // rewrites them), and its residual too; -1 when the pool cannot hold those copies.
   int64_t fork(int64_t req);
   int64_t block_tokens() const { return block_tokens_; }
   int64_t block_bytes() const { return block_tokens_ * shape_.token_bytes(); }

@@ -43,7 +43,8 @@ MT_HD float code_value(KvType t, uint32_t code) {
     case KvType::fp8_e5m2: return quant::fp8_e5m2_decode(static_cast<uint8_t>(code));
     case KvType::int4:
     case KvType::int4_smooth:
-    case KvType::q4_0: return static_cast<float>(static_cast<int>(code & 15) - 8);
+    case KvType::q4_0:
+    case KvType::int4_kivi: return static_cast<float>(static_cast<int>(code & 15) - 8);  // int4-kivi: q - 8
   }
   return 0.f;
 }
@@ -56,7 +57,8 @@ MT_HD uint32_t record_code(KvType t, const uint8_t* r, int64_t i) {
     case KvType::f16: return record_load<uint16_t>(r, i);
     case KvType::int4:
     case KvType::int4_smooth:
-    case KvType::q4_0: return (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15u;
+    case KvType::q4_0:
+    case KvType::int4_kivi: return (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15u;
     default: return r[i];
   }
 }
@@ -89,7 +91,8 @@ MT_HD int64_t record_code_bytes(KvType t, int64_t hd) {
     case KvType::f16: return 2 * hd;
     case KvType::int4:
     case KvType::int4_smooth:
-    case KvType::q4_0: return hd / 2;
+    case KvType::q4_0:
+    case KvType::int4_kivi: return hd / 2;
     default: return hd;
   }
 }
@@ -116,6 +119,18 @@ MT_HD float block_scale(KvType t, const uint8_t* r, int64_t hd, int64_t i) {
 // What multiplies element i's record_value: its block's scale, the record's own, or 1.
 MT_HD float element_scale(KvType t, const uint8_t* r, int64_t hd, int64_t i) {
   return record_blocked(t) ? block_scale(t, r, hd, i) : record_scale(t, r, hd);
+}
+
+// int4-kivi: the k-th (s, m) pair after a record's codes, read byte by byte: a V record's block k, or channel
+// j c + k of a K record's group (j its position in the group, c = head_dim / 32). A value is m + s q, q the
+// code (record_value + 8).
+struct KiviPair {
+  float s, m;
+};
+MT_HD KiviPair kivi_pair(const uint8_t* r, int64_t hd, int64_t k) {
+  const uint8_t* p = r + record_code_bytes(KvType::int4_kivi, hd) + 4 * k;
+  return {half_bits_to_float(static_cast<uint16_t>(p[0] | p[1] << 8)),
+          half_bits_to_float(static_cast<uint16_t>(p[2] | p[3] << 8))};
 }
 
 }  // namespace memtrade::kvcache

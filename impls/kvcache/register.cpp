@@ -59,6 +59,11 @@ std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
   for (int64_t t = 0; t < p.context; ++t)
     for (int64_t b = 0; b < p.batch; ++b) {
       MT_CHECK(c.append(reqs[b]), "kvcache: the cache refused a token it was sized for");
+      if (p.shape.kivi()) {  // by group, on a CPU cache (the CUDA workload skips int4-kivi)
+        const int64_t off = (b * p.context + t) * kvh * hd;
+        c.write_token(reqs[b], 0, t, &p.k[off], &p.v[off]);
+        continue;
+      }
       for (int64_t h = 0; h < kvh; ++h) {
         const int64_t off = ((b * p.context + t) * kvh + h) * hd;
         encode_head(p.shape.type, &p.k[off], hd, &e[h * hb]);
@@ -116,6 +121,7 @@ class DecodeWorkload final : public Workload {
   DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p), dev_(dev) {
     const bool cuda = dev.backend() == Backend::cuda;
     if (cuda && offload) throw Skip("paged-offload runs on the CPU (the CUDA copies overlapped with the kernel are not written)");
+    if (cuda && p.shape.kivi()) throw Skip("int4-kivi has no CUDA decode kernel (CPU only)");
     if (offload) {
       auto c = offload_cache(dev, p.shape, p.block, p.hot_tokens, p.batch, p.context);
       offload_ = c.get();
@@ -308,7 +314,8 @@ class QualityWorkload final : public Workload {
     c["weight_bytes_read"] = decoder_->weight_bytes_read();
     // The model's memory at 2K and 8K tokens of one sequence: weights as stored plus the KV cache, exact.
     for (const auto& [key, tokens] : {std::pair{"memory_at_2k_tokens", 2048}, std::pair{"memory_at_8k_tokens", 8192}})
-      c[key] = decoder_->weight_bytes_stored() + static_cast<double>(tokens * p_.shape.token_bytes());
+      c[key] = decoder_->weight_bytes_stored() + static_cast<double>(tokens * p_.shape.token_bytes() + p_.shape.residual_bytes());
+    if (p_.shape.kivi()) c["kv_residual_bytes"] = static_cast<double>(p_.shape.residual_bytes());
     KvShape bf16 = p_.shape;
     bf16.type = KvType::bf16;
     c["kv_bytes_per_token_bf16"] = static_cast<double>(bf16.token_bytes());
@@ -583,6 +590,8 @@ void add_offload(Technique& t, const char* length, const char* description) {
                          [](const P& p, Device& d) { return std::make_unique<W>(p, true, d, true); });
   const std::string key = length;
   i.not_applicable = [key](const Case& c) {
+    if (c.text("kv_dtype", "") == "int4-kivi")
+      return std::string("int4-kivi does not offload (a completing group rewrites records that may be cold)");
     const int64_t block = c.integer("block", 16), hot = (c.integer("hot_tokens", 256) + block - 1) / block * block;
     return c.integer(key) <= hot ? std::string("the sequence fits the hot window (whole blocks): nothing to offload")
                                  : std::string();
@@ -603,8 +612,11 @@ void register_technique(Registry& r) {
         int_param("heads", "query heads"),
         int_param("kv_heads", "key/value heads (divide heads)"),
         int_param("head_dim", "head dimension", nullptr, 1, 256),
-        text_param("kv_dtype", "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's)", nullptr,
-                   {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "q8_0", "q4_0"}),
+        text_param("kv_dtype",
+                   "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's; int4-kivi: KIVI's "
+                   "per-channel keys and per-token values with an fp16 residual, CPU only)",
+                   nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "q8_0", "q4_0",
+                             "int4-kivi"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
         int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
@@ -697,9 +709,10 @@ void register_technique(Registry& r) {
         text_param("model", "the model", "smollm2", {"smollm2"}),
         text_param("kv_dtype",
                    "storage of K and V (fp8-e4m3-static: scales, int4-smooth: key smoothing factors, calibrated on "
-                   "training windows; fp8-e5m2: no scale; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values)",
+                   "training windows; fp8-e5m2: no scale; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values; "
+                   "int4-kivi: KIVI's keys per channel over groups of 32 tokens, values per token, the last group in fp16)",
                    nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
-                             "q8_0", "q4_0"}),
+                             "q8_0", "q4_0", "int4-kivi"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         text_param("activations",
                    "inputs of the batch-1 matvecs: fp32 (the packed kernels) or int8 (packed-a8: rounded per block "
@@ -725,6 +738,8 @@ void register_technique(Registry& r) {
         {"weight_bytes_read", "bytes", Better::lower, Gate::exact, 0, 0, "projections and lm_head as stored"},
         {"memory_at_*", "bytes", Better::lower, Gate::exact, 0, 0,
          "every weight as stored plus the KV cache of one sequence of that many tokens"},
+        {"kv_residual_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
+         "int4-kivi: a sequence's fp16 residual (its incomplete group of 32 tokens at every layer)"},
         {"kv_to_device_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
          "paged-offload: cold KV staged to the device over the run (every layer, every step)"},
         {"kv_to_host_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "paged-offload: blocks moved to the host over the run"},

@@ -98,7 +98,7 @@ struct Rec {
     }
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
-    else if constexpr (K == KvType::int4 || K == KvType::q4_0) return Int4(r, i);
+    else if constexpr (K == KvType::int4 || K == KvType::q4_0 || K == KvType::int4_kivi) return Int4(r, i);
     else if constexpr (K == KvType::q8_0) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     else if constexpr (K == KvType::fp8_e5m2)  // a NaN input's NaN code stays NaN (an infinite one saturated)
       return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e5m2, true>(r + i);
@@ -111,10 +111,21 @@ struct Rec {
     const auto* s = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 2 * (i / kKvBlock));
     return hn::Set(DF(), hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(hn::CappedTag<float, 1>(), s)));
   }
+  // int4-kivi V records: the (s, m + 8 s) of element i's block, in every lane, for x = (q - 8) s + m + 8 s.
+  static HWY_INLINE void kivi_block(const uint8_t* r, int64_t i, int64_t hd, VF& s, VF& off) {
+    // Widened by convert-inl.h (F16C where the target has it; Highway's own promotion makes NaN finite).
+    const auto* p = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 4 * (i / kKiviGroup));
+    const hn::CappedTag<float, 1> d1;
+    const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p));
+    const float mf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 1));
+    s = hn::Set(DF(), sf);
+    off = hn::Set(DF(), mf + 8.f * sf);
+  }
+  // One element: a V element's value for int4-kivi (K elements come as q - 8: their step is in the query).
   static HWY_INLINE float elem(const uint8_t* r, int64_t i, int64_t hd) {
     return record_blocked(K) ? block_scale(K, r, hd, i) * record_value(K, r, i) : record_value(K, r, i);
   }
-  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return record_scale(K, r, hd); }
+  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return K == KvType::int4_kivi ? 1.f : record_scale(K, r, hd); }
 };
 
 // The lane sums of four vectors at once, out[k] = sum of v[k]'s lanes: two interleave-and-add steps
@@ -221,7 +232,14 @@ HWY_NOINLINE void ValueTail(const uint8_t* const* vr, int64_t n, int64_t i, int6
   for (; i < hd; ++i)
     for (int j = 0; j < JB; ++j) {
       float acc = o[j * hd + i] * corr[j];
-      for (int64_t t = 0; t < n; ++t) acc += w[j][t] * Rec<K>::elem(vr[t], i, hd);
+      for (int64_t t = 0; t < n; ++t) {
+        float x = Rec<K>::elem(vr[t], i, hd);
+        if constexpr (K == KvType::int4_kivi) {
+          const KiviPair p = kivi_pair(vr[t], hd, i / kKiviGroup);
+          x = p.m + p.s * (x + 8.f);
+        }
+        acc += w[j][t] * x;
+      }
       o[j * hd + i] = acc;
     }
 }
@@ -251,6 +269,16 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
     l[j] = l[j] * corr[j] + hn::GetLane(hn::SumOfLanes(df, sum));
     m[j] = mx;
   }
+  // int4-kivi: each token's value blocks' s and m + 8 s, widened once per chunk (not per vector of columns).
+  HWY_ALIGN float ks[K == KvType::int4_kivi ? T : 1][8], ko[K == KvType::int4_kivi ? T : 1][8];
+  if constexpr (K == KvType::int4_kivi)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
+        VF sv, ov;
+        Rec<K>::kivi_block(vr[t], b * kKiviGroup, hd, sv, ov);
+        ks[t][b] = hn::GetLane(sv);
+        ko[t][b] = hn::GetLane(ov);
+      }
   // o = o x corr + sum_t w_t v_t, DB vectors of columns at a time.
   auto columns = [&](auto db, int64_t i) {
     constexpr int DB = decltype(db)::value;
@@ -259,12 +287,18 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
       for (int v = 0; v < DB; ++v) acc[j][v] = hn::Mul(hn::LoadU(df, o + j * hd + i + v * N), hn::Set(df, corr[j]));
     for (int64_t t = 0; t < n; ++t) {
       VF x[DB];
-      VF sc = hn::Zero(df);  // q8_0 / q4_0: the scale of the vector's block
+      VF sc = hn::Zero(df), off = hn::Zero(df);  // q8_0 / q4_0: the scale of the vector's block; int4-kivi: s, m + 8 s
       for (int v = 0; v < DB; ++v) {
         if constexpr (record_blocked(K))
           if (v == 0 || (i + v * N) % kKvBlock == 0) sc = Rec<K>::block(vr[t], i + v * N, hd);
+        if constexpr (K == KvType::int4_kivi)
+          if (v == 0 || (i + v * N) % kKiviGroup == 0) {
+            sc = hn::Set(df, ks[t][(i + v * N) / kKiviGroup]);
+            off = hn::Set(df, ko[t][(i + v * N) / kKiviGroup]);
+          }
         x[v] = Rec<K>::load(vr[t], i + v * N);
         if constexpr (record_blocked(K)) x[v] = hn::Mul(x[v], sc);
+        if constexpr (K == KvType::int4_kivi) x[v] = hn::MulAdd(x[v], sc, off);
       }
       for (int j = 0; j < JB; ++j) {
         const VF wt = hn::Set(df, w[j][t]);
@@ -323,6 +357,7 @@ HWY_INLINE void UpdateHeads(const DecodeUnit& u, const uint8_t* const* vr, const
 }
 
 HWY_INLINE void StartHeads(const DecodeUnit& u) {
+  if (!u.start) return;
   for (int64_t h = u.g0 * u.group; h < u.g1 * u.group; ++h) {
     u.m[h] = -std::numeric_limits<float>::infinity();
     u.l[h] = 0;
@@ -378,7 +413,7 @@ void ByEntry(const DecodeUnit& u) {
 template <KvType K, int JB>
 HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, const float* ks, const float* vs, int64_t n,
                         int64_t hd, const float* q, float qk, float* o, float* m, float* l, const uint8_t* const* pf,
-                        int64_t npf, int64_t hb) {
+                        int64_t npf, int64_t hb, const float* bias) {
   HWY_ALIGN float s[JB][T];
   HWY_ALIGN float kq[T];  // a token's score factor: its record scale x 1 / sqrt(head_dim)
   for (int64_t t = 0; t < T; ++t) kq[t] = ks[t] * qk;
@@ -390,7 +425,7 @@ HWY_NOINLINE void Chunk(const uint8_t* const* kr, const uint8_t* const* vr, cons
     float d[kTB<K>][4];
     ScoreBlock<K, JB>(k, hd, q, d);
     for (int b = 0; b < kTB<K> && t + b < T; ++b)
-      for (int j = 0; j < JB; ++j) s[j][t + b] = d[b][j] * kq[t + b];
+      for (int j = 0; j < JB; ++j) s[j][t + b] = (bias ? d[b][j] + bias[j] : d[b][j]) * kq[t + b];
   }
   Update<K, JB>(vr, vs, n, hd, s, o, m, l);
 }
@@ -424,7 +459,7 @@ void ByHead(const DecodeUnit& u) {
       // The next chunk's records of this head, a token's K and V per token scored.
       const uint8_t* pf[2 * T];
       int64_t npf = 0;
-      for (int64_t t = c + T; t < std::min(c + 2 * T, u.count); ++t) {
+      for (int64_t t = c + T; t < std::min(c + 2 * T, u.count + u.lookahead); ++t) {
         pf[npf++] = u.tokens[t] + koff;
         pf[npf++] = u.tokens[t] + voff;
       }
@@ -433,11 +468,12 @@ void ByHead(const DecodeUnit& u) {
         const float* q = u.q + h * hd;
         float* o = u.o + h * hd;
         const int64_t np = j == 0 ? npf : 0;  // the first block of query heads prefetches
+        const float* bias = u.score_bias ? u.score_bias + h : nullptr;
         switch (std::min<int64_t>(kJB, G - j)) {
-          case 1: Chunk<K, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
-          case 2: Chunk<K, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
-          case 3: Chunk<K, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
-          default: Chunk<K, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb); break;
+          case 1: Chunk<K, 1>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb, bias); break;
+          case 2: Chunk<K, 2>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb, bias); break;
+          case 3: Chunk<K, 3>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb, bias); break;
+          default: Chunk<K, 4>(kr, vr, ks, vs, n, hd, q, u.qk_scale[g], o, u.m + h, u.l + h, pf, np, hb, bias); break;
         }
       }
     }
@@ -464,6 +500,53 @@ void DecodeUnitImpl(const DecodeUnit& u) {
     case KvType::q8_0: return Decode<KvType::q8_0>(u);
     case KvType::q4_0: return Decode<KvType::q4_0>(u);
     case KvType::fp8_e5m2: return Decode<KvType::fp8_e5m2>(u);
+    case KvType::int4_kivi: return Decode<KvType::int4_kivi>(u);  // a group's keys: steps in q, score_bias
+  }
+}
+
+void KiviQueriesImpl(const uint8_t* const* group, int64_t hb, int64_t hd, int64_t g0, int64_t g1, int64_t G, const float* q,
+                     float* qg, float* bias) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), per = hd / kKiviGroup;
+  const hn::CappedTag<float, 1> d1;
+  const hn::CappedTag<float, 4> d4;  // (the scalar target has one lane: the pairs then go one by one)
+  HWY_ALIGN float st[256], off[256];  // head_dim is at most 256 (decode_attention checks it)
+  for (int64_t g = g0; g < g1; ++g) {
+    // Channel j per + k's (s, m) is pair k of the group's record j (convert-inl.h's exact fp16 widening).
+    for (int64_t j = 0; j < kKiviGroup; ++j) {
+      const auto* p = reinterpret_cast<const f16_t*>(group[j] + g * hb + record_code_bytes(KvType::int4_kivi, hd));
+      int64_t k = 0;
+      for (; hn::Lanes(d4) == 4 && k + 2 <= per; k += 2) {  // two pairs per conversion
+        HWY_ALIGN float sm[4];
+        hn::Store(memtrade::simd::HWY_NAMESPACE::LoadF32(d4, p + 2 * k), d4, sm);
+        st[j * per + k] = sm[0];
+        off[j * per + k] = sm[1] + 8.f * sm[0];
+        st[j * per + k + 1] = sm[2];
+        off[j * per + k + 1] = sm[3] + 8.f * sm[2];
+      }
+      for (; k < per; ++k) {
+        const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k));
+        st[j * per + k] = sf;
+        off[j * per + k] = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k + 1)) + 8.f * sf;
+      }
+    }
+    for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+      const float* qh = q + h * hd;
+      float* out = qg + h * hd;
+      VF b = hn::Zero(df);
+      int64_t c = 0;
+      for (; c + N <= hd; c += N) {
+        const VF qv = hn::LoadU(df, qh + c);
+        hn::StoreU(hn::Mul(qv, hn::Load(df, st + c)), df, out + c);
+        b = hn::MulAdd(qv, hn::Load(df, off + c), b);
+      }
+      float bs = hn::GetLane(hn::SumOfLanes(df, b));
+      for (; c < hd; ++c) {
+        out[c] = qh[c] * st[c];
+        bs += qh[c] * off[c];
+      }
+      bias[h] = bs;
+    }
   }
 }
 
@@ -475,8 +558,14 @@ HWY_AFTER_NAMESPACE();
 namespace memtrade::kvcache::simd {
 
 HWY_EXPORT(DecodeUnitImpl);
+HWY_EXPORT(KiviQueriesImpl);
 
 void decode_unit(const DecodeUnit& u) { HWY_DYNAMIC_DISPATCH(DecodeUnitImpl)(u); }
+
+void kivi_queries(const uint8_t* const* group, int64_t hb, int64_t head_dim, int64_t g0, int64_t g1, int64_t group_heads,
+                  const float* q, float* qg, float* bias) {
+  HWY_DYNAMIC_DISPATCH(KiviQueriesImpl)(group, hb, head_dim, g0, g1, group_heads, q, qg, bias);
+}
 
 }  // namespace memtrade::kvcache::simd
 #endif

@@ -10,7 +10,8 @@
 // record decoded once for the query heads). Per-record scales (int8, fp8-e4m3, int4) multiply the scores
 // and the softmax weights, not the elements; q8_0 / q4_0 block scales multiply the decoded vectors (a
 // vector lies in one block of 32); int4 codes are decoded in registers like the 8-bit ones (a byte
-// shuffle and a bit-pattern conversion, no fp32 copy of the record).
+// shuffle and a bit-pattern conversion, no fp32 copy of the record). int4-kivi decodes its codes as int4's;
+// its key steps come in the queries and score_bias, its value blocks' (s, m) per decoded vector.
 // The order in which a chunk's records are read depends on the storage type. fp32, bf16 and fp16 score
 // block of tokens by block of tokens across the unit's KV heads (each token's K records read front to back, a
 // stream the hardware prefetchers follow), then run the softmax and value pass KV head by KV head. The
@@ -33,6 +34,7 @@ struct DecodeUnit {
   int64_t g0 = 0, g1 = 0;                   // this unit's KV heads [g0, g1)
   const uint8_t* const* tokens = nullptr;   // each token's entry ([K, V] x kv_heads records), in order
   int64_t count = 0;                        // tokens (chunks start at tokens[0])
+  int64_t lookahead = 0;                    // tokens[count .. count + lookahead) exist: prefetched, not read
   const float* q = nullptr;                 // [heads x head_dim]: the request's queries
   const float* qk_scale = nullptr;          // [kv_heads]: 1 / sqrt(head_dim) x the static K scale
   // Outputs for the unit's query heads h (absolute indices): o[h x head_dim] = sum_t p_t v_t (neither
@@ -41,8 +43,21 @@ struct DecodeUnit {
   float* o = nullptr;
   float* m = nullptr;
   float* l = nullptr;
+  // false: o, m and l hold the softmax of earlier tokens of the unit (a call per int4-kivi group), which
+  // this call continues; true: they start empty.
+  bool start = true;
+  // [heads] or nullptr: added to each query head's dot products before qk_scale (int4-kivi: sum_c q_c (m_c +
+  // 8 s_c), with the queries already multiplied by the steps s_c; the records' codes decode as q - 8).
+  const float* score_bias = nullptr;
 };
 
 void decode_unit(const DecodeUnit& u);
+
+// int4-kivi: for KV heads [g0, g1) of a group of kKiviGroup token entries (group[j]: the entry of the group's
+// token j; hb bytes per record), the queries of their query heads (group_heads each; q: [heads x head_dim])
+// multiplied channel by channel by the group's key steps s (into qg, same layout) and the score bias
+// sum_c q_c (m_c + 8 s_c) per query head (into bias[h]).
+void kivi_queries(const uint8_t* const* group, int64_t hb, int64_t head_dim, int64_t g0, int64_t g1, int64_t group_heads,
+                  const float* q, float* qg, float* bias);
 
 }  // namespace memtrade::kvcache::simd
