@@ -121,7 +121,8 @@ struct Rec {
     s = hn::Set(DF(), sf);
     off = hn::Set(DF(), mf + 8.f * sf);
   }
-  // One element: a V element's value for int4-kivi (K elements come as q - 8: their step is in the query).
+  // One element, scaled by its block's scale (q8_0, q4_0); int4-kivi's come as q - 8 (a key's step is in the
+  // query; ValueTail applies a value block's (s, m)).
   static HWY_INLINE float elem(const uint8_t* r, int64_t i, int64_t hd) {
     return record_blocked(K) ? block_scale(K, r, hd, i) * record_value(K, r, i) : record_value(K, r, i);
   }
