@@ -308,9 +308,9 @@ void KvCache::read_token(int64_t req, int64_t layer, int64_t pos, float* k, floa
     }
     return;
   }
-  const uint8_t* e = nullptr;
-  runs_in(req, layer, pos, pos + 1, [&](const uint8_t* p, int64_t, int64_t) { e = p; });
   if (!shape_.kivi()) {
+    const uint8_t* e = nullptr;
+    runs_in(req, layer, pos, pos + 1, [&](const uint8_t* p, int64_t, int64_t) { e = p; });
     for (int64_t h = 0; h < kvh; ++h) {
       decode_head(shape_.type, e + h * hb, hd, k + h * hd, shape_.record_scales(layer, 0, h));
       decode_head(shape_.type, e + (kvh + h) * hb, hd, v + h * hd, shape_.record_scales(layer, 1, h));
@@ -323,6 +323,7 @@ void KvCache::read_token(int64_t req, int64_t layer, int64_t pos, float* k, floa
   runs_in(req, layer, first, first + kKiviGroup, [&](const uint8_t* p, int64_t at, int64_t n) {
     for (int64_t t = 0; t < n; ++t) group[at - first + t] = p + t * shape_.entry_bytes();
   });
+  const uint8_t* e = group[pos - first];
   for (int64_t h = 0; h < kvh; ++h)
     for (int64_t i = 0; i < hd; ++i) {
       const KiviPair kp = kivi_pair(group[i / c] + h * hb, hd, i % c);
@@ -497,17 +498,23 @@ bool PagedCache::append(int64_t req) {
     refs_[b] = 1;
     r.table.push_back(b);
   } else if (refs_[r.table.back()] > 1) {  // copy on write: the last block is shared with a fork
-    if (free_.empty()) return false;
-    const int32_t old = r.table.back(), b = free_.back();
-    free_.pop_back();
-    refs_[b] = 1;
-    --refs_[old];
-    for (int64_t l = 0; l < shape_.layers; ++l)
-      dev_.copy(block_ptr(b, l), block_ptr(old, l), static_cast<std::size_t>(slot * shape_.entry_bytes()), CopyKind::device_to_device);
+    const int32_t b = copy_block(r.table.back(), slot);
+    if (b < 0) return false;
+    --refs_[r.table.back()];
     r.table.back() = b;
   }
   ++r.len;
   return true;
+}
+
+int32_t PagedCache::copy_block(int32_t from, int64_t tokens) {
+  if (free_.empty()) return -1;
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refs_[b] = 1;
+  for (int64_t l = 0; l < shape_.layers; ++l)
+    dev_.copy(block_ptr(b, l), block_ptr(from, l), static_cast<std::size_t>(tokens * shape_.entry_bytes()), CopyKind::device_to_device);
+  return b;
 }
 
 int64_t PagedCache::fork(int64_t req) {
@@ -517,18 +524,14 @@ int64_t PagedCache::fork(int64_t req) {
   std::vector<int32_t> own;
   if (shape_.kivi() && copy.len % kKiviGroup != 0) {
     for (int64_t i = quantized_length(req) / block_tokens_; i < static_cast<int64_t>(copy.table.size()); ++i) {
-      if (free_.empty()) {
-        for (int32_t b : own) {
-          refs_[b] = 0;
-          free_.push_back(b);
+      const int32_t b = copy_block(copy.table[i], block_tokens_);
+      if (b < 0) {
+        for (int32_t o : own) {
+          refs_[o] = 0;
+          free_.push_back(o);
         }
         return -1;
       }
-      const int32_t b = free_.back();
-      free_.pop_back();
-      refs_[b] = 1;
-      for (int64_t l = 0; l < shape_.layers; ++l)
-        dev_.copy(block_ptr(b, l), block_ptr(copy.table[i], l), static_cast<std::size_t>(slice_bytes()), CopyKind::device_to_device);
       own.push_back(b);
     }
   }

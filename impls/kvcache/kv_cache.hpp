@@ -293,6 +293,9 @@ class PagedCache final : public KvCache {
   uint8_t* block_ptr(int32_t b, int64_t layer) const;
   int64_t slice_bytes() const { return block_tokens_ * shape_.entry_bytes(); }  // one block, one layer
   bool evict_oldest(Req& r);
+  // A free block holding the first `tokens` entries of block `from` at every layer (reference count 1); -1
+  // when none is free. Copy on write and int4-kivi's fork take their copies here.
+  int32_t copy_block(int32_t from, int64_t tokens);
   Device& dev_;
   int64_t block_tokens_, num_blocks_;
   Buffer pool_;
