@@ -680,12 +680,16 @@ def bars(groups, stack_keys, title, ylabel, kind="bytes", notes=None):
     else:
         ax.set_xticks(pos)
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-    for y, v, note in zip(pos, base, notes or []):
-        if note:
-            ax.text(v, y, " " + note, va="center", fontsize=7.5)
-    if notes and base.max() > 0:
-        # room for the notes, by the length of the longest
-        ax.set_xlim(0, base.max() * (1.15 + 0.011 * max(len(n) for n in notes)))
+    texts = [(v, ax.text(v, y, " " + note, va="center", fontsize=7.5, in_layout=False))
+             for y, v, note in zip(pos, base, notes or []) if note]
+    if texts and base.max() > 0:
+        # room for every note: a note of w pixels from x = v ends inside an axis W pixels wide when the axis
+        # reaches v W / (W - w) (the widths measured by the renderer once the layout is set)
+        fig.tight_layout()
+        renderer = fig.canvas.get_renderer()
+        W = ax.get_window_extent(renderer).width
+        need = [v * W / max(W - t.get_window_extent(renderer).width, 0.2 * W) for v, t in texts]
+        ax.set_xlim(0, max(base.max(), *need) * 1.03)
     axis = ax.xaxis if lying else ax.yaxis
     if kind == "bytes":
         binary_ticks(axis, float(base.max()) if len(base) else 0.0, 4 if lying else 6)
@@ -865,15 +869,17 @@ def serving_figures(cases):
                    if len({str(c.params.get(k)) for c in typed}) > 1]
         rows = [(" ".join([f"{k}={c.params[k]}" for k in varying if k in c.params] + [str(c.params["kv_dtype"]), c.impl]),
                  {"decode tokens per step": c.counters.get("decode_tokens_per_step", 0)},
-                 f"{c.counters['kv_budget_tokens'] / 1024:.1f}K tokens, batch <= {c.counters.get('max_concurrency', 0):.0f}, "
-                 f"{c.counters.get('preemptions', 0):.0f} preempted")
+                 f"{c.counters['kv_budget_tokens'] / 1024:.1f}K tokens"
+                 + (f" ({c.counters['kv_residual_tokens']:.0f} a request for its residual)" if "kv_residual_tokens" in c.counters else "")
+                 + f", batch <= {c.counters.get('max_concurrency', 0):.0f}, {c.counters.get('preemptions', 0):.0f} preempted")
                 for c in typed]
         img = bars([r[:2] for r in rows], ["decode tokens per step"],
                    "kvcache_serving: one byte budget, per KV storage type", "decode tokens per step (mean running requests)",
                    kind="plain", notes=[r[2] for r in rows])
         figures.append(figure("The same KV budget in bytes holds as many tokens as each storage type's bytes per token "
                               "allow (scales included): the running requests per decode step, with the tokens the budget "
-                              "holds, the largest batch and the preemptions at the end of each bar. Steps of the "
+                              "holds (int4-kivi: less each running request's fp16 residual), the largest batch and the "
+                              "preemptions at the end of each bar. Steps of the "
                               "simulation: a real step's time also grows with the batch.", img))
     return figures
 

@@ -948,6 +948,76 @@ TEST(Serving, ABudgetInBytesHoldsEachStorageTypesTokens) {
   }
 }
 
+TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
+  // Llama-2-7B's shape in int4-kivi: 2 x 32 x 32 x (64 code bytes + 4 fp16 pairs) = 160 KiB per token; a
+  // request's residual is 32 fp16 tokens at every layer, 16 MiB = 102.4 of those tokens, 3.2 per fp16 token.
+  const KvShape kivi{32, 32, 128, KvType::int4_kivi};
+  ASSERT_EQ(kivi.token_bytes(), 163840);
+  const ResidualModel m = residual_model(kivi);
+  EXPECT_EQ(m.group, 32);
+  EXPECT_EQ(m.tokens, 103);
+  EXPECT_DOUBLE_EQ(m.per_token, 3.2);
+  EXPECT_EQ(residual_model(KvShape{32, 32, 128, KvType::int4}).tokens, 0);
+  EXPECT_EQ(budget_tokens_of(kivi, int64_t{8} << 30, 16, 4096), 52416);
+  // A budget that holds max_len and a block but not a request's residual as well: an error that says so.
+  try {
+    budget_tokens_of(kivi, (4096 + 16 + 50) * kivi.token_bytes(), 16, 4096);
+    ADD_FAILURE() << "4160 tokens cannot hold max_len 4096, a residual of 103 tokens and a block";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("residual (103 tokens)"), std::string::npos) << e.what();
+  }
+
+  // Under one byte budget: short requests (Alpaca-like, 77 tokens on average) pay the residual's 103 tokens
+  // each, so int4-kivi runs fewer of them at once than int4, and fewer than int8; long ones (ShareGPT-like)
+  // amortize it, and it runs more than int8.
+  auto dev = make_cpu_device();
+  const KvShape tiny{1, 1, 2, KvType::f32};
+  auto run = [&](const char* trace, KvType kt) {
+    TraceSpec t = trace_spec(trace);
+    t.requests = 300;
+    t.max_len = 1024;
+    const KvShape s{32, 32, 128, kt};
+    const int64_t tokens = budget_tokens_of(s, int64_t{2} << 30, 16, t.max_len);
+    PagedCache p(*dev, tiny, 16, tokens / 16);
+    const ServingStats st = simulate(p, true, t, tokens, residual_model(s));
+    EXPECT_EQ(st.finished, t.requests) << trace << " " << kv_type_name(kt);
+    EXPECT_EQ(p.free_blocks(), p.num_blocks()) << "blocks left held";
+    EXPECT_GT(st.utilization, 0.0);
+    EXPECT_LE(st.utilization, 1.0);
+    return st;
+  };
+  const ServingStats ak = run("alpaca", KvType::int4_kivi), a4 = run("alpaca", KvType::int4), a8 = run("alpaca", KvType::int8);
+  EXPECT_LT(ak.concurrency, a4.concurrency);
+  EXPECT_LT(ak.concurrency, a8.concurrency);
+  const ServingStats sk = run("sharegpt", KvType::int4_kivi), s4 = run("sharegpt", KvType::int4),
+                     s8 = run("sharegpt", KvType::int8);
+  EXPECT_LT(sk.concurrency, s4.concurrency);
+  EXPECT_GT(sk.concurrency, s8.concurrency);
+  // The residual's reservation is not live data: utilization falls below the same stream's in int4.
+  EXPECT_LT(ak.utilization, a4.utilization);
+
+  // Tokens enter the pool a whole group at a time: one request of prompt 1 and output 1 (max_len 2), groups
+  // of 4, a residual of 1 pool token at 0.5 per fp16 token. After its step the request holds the residual
+  // alone (1 token reserved) with both tokens in it (live 2 x 0.5): utilization 1, a third of the budget.
+  TraceSpec one = trace_spec("alpaca");
+  one.requests = 1;
+  one.max_len = 2;
+  PagedCache p1(*dev, tiny, 1, 3);
+  const ServingStats so = simulate(p1, true, one, 3, ResidualModel{4, 1, 0.5});
+  EXPECT_EQ(so.steps, 1);
+  EXPECT_DOUBLE_EQ(so.utilization, 1.0);
+  EXPECT_DOUBLE_EQ(so.budget_utilization, 1.0 / 3.0);
+
+  // Contiguous reservations grow by the residual too: max_len + 103 tokens per request.
+  TraceSpec t = trace_spec("sharegpt");
+  t.requests = 20;
+  t.max_len = 512;
+  ContiguousCache c(*dev, tiny, 4 * (512 + m.tokens));
+  EXPECT_EQ(simulate(c, false, t, 4 * (512 + m.tokens), m).max_concurrency, 4);
+  ContiguousCache c2(*dev, tiny, 4 * (512 + m.tokens) - 1);
+  EXPECT_EQ(simulate(c2, false, t, 4 * (512 + m.tokens) - 1, m).max_concurrency, 3);
+}
+
 TEST(Decoder, QuantizedWeightsStayNearTheDenseLogitsAndReadFewerBytes) {
   const model::Config cfg = test::tiny_model();
   const auto w = test::test_weights(cfg, 4);

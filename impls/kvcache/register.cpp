@@ -459,7 +459,7 @@ class ServingWorkload final : public Workload {
     std::unique_ptr<KvCache> cache;
     if (paged_) cache = std::make_unique<PagedCache>(dev_, shape, p_.block, p_.budget_tokens / p_.block);
     else cache = std::make_unique<ContiguousCache>(dev_, shape, p_.budget_tokens);
-    s_ = simulate(*cache, paged_, p_.trace, p_.budget_tokens);
+    s_ = simulate(*cache, paged_, p_.trace, p_.budget_tokens, residual_model(p_.shape));
   }
   // No numeric output against an oracle: a run that did not finish every request counts as non-finite.
   ErrorStats error() override {
@@ -486,6 +486,7 @@ class ServingWorkload final : public Workload {
     c["decode_tokens_per_step"] = static_cast<double>(s_.decode_tokens) / static_cast<double>(std::max<int64_t>(s_.steps, 1));
     c["kv_budget_tokens"] = static_cast<double>(p_.budget_tokens);
     if (p_.shape.layers > 0) c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
+    if (p_.shape.kivi()) c["kv_residual_tokens"] = static_cast<double>(residual_model(p_.shape).tokens);
   }
 
  private:
@@ -666,7 +667,7 @@ void register_technique(Registry& r) {
                   "kv_dtype: the tokens it holds follow the storage type", 0, 0),
         text_param("kv_dtype", "with budget_mib: storage of K and V (bytes per token, scales included)", "fp16",
                    {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
-                    "q8_0", "q4_0"}),
+                    "q8_0", "q4_0", "int4-kivi"}),
         int_param("layers", "with budget_mib: the model's layers (default Llama-2-7B's)", 32),
         int_param("kv_heads", "with budget_mib: its KV heads", 32),
         int_param("head_dim", "with budget_mib: its head dimension", 128),
@@ -687,6 +688,8 @@ void register_technique(Registry& r) {
         {"kv_budget_tokens", "tokens", Better::higher, Gate::exact, 0, 0, "tokens the KV budget holds"},
         {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0,
          "with budget_mib: K and V of one token at every layer of the model, as stored"},
+        {"kv_residual_tokens", "tokens", Better::lower, Gate::exact, 0, 0,
+         "int4-kivi: the budget's tokens each running request holds for its fp16 residual"},
     };
     t.error_rule.judge = [](const Case&, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
       return Verdict{e.finite(), e.finite() ? "every request finished" : "requests left unfinished"};
