@@ -218,7 +218,7 @@ KiviStep kivi_step(const uint16_t* h, int64_t n, int64_t stride, uint8_t* codes)
 }
 
 void put_pair(uint8_t* r, int64_t hd, int64_t k, KiviStep st) {
-  uint8_t* p = r + record_code_bytes(KvType::int4_kivi, hd) + 4 * k;
+  uint8_t* p = kivi_pairs(r, hd) + 4 * k;
   std::memcpy(p, &st.s, 2);
   std::memcpy(p + 2, &st.m, 2);
 }

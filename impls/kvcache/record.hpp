@@ -127,8 +127,11 @@ MT_HD float element_scale(KvType t, const uint8_t* r, int64_t hd, int64_t i) {
 struct KiviPair {
   float s, m;
 };
+// Where a record's (s, m) pairs start: right after its codes (pair k at 4 k bytes from there).
+MT_HD const uint8_t* kivi_pairs(const uint8_t* r, int64_t hd) { return r + record_code_bytes(KvType::int4_kivi, hd); }
+MT_HD uint8_t* kivi_pairs(uint8_t* r, int64_t hd) { return r + record_code_bytes(KvType::int4_kivi, hd); }
 MT_HD KiviPair kivi_pair(const uint8_t* r, int64_t hd, int64_t k) {
-  const uint8_t* p = r + record_code_bytes(KvType::int4_kivi, hd) + 4 * k;
+  const uint8_t* p = kivi_pairs(r, hd) + 4 * k;
   return {half_bits_to_float(static_cast<uint16_t>(p[0] | p[1] << 8)),
           half_bits_to_float(static_cast<uint16_t>(p[2] | p[3] << 8))};
 }

@@ -114,7 +114,7 @@ struct Rec {
   // int4-kivi V records: the (s, m + 8 s) of element i's block, in every lane, for x = (q - 8) s + m + 8 s.
   static HWY_INLINE void kivi_block(const uint8_t* r, int64_t i, int64_t hd, VF& s, VF& off) {
     // Widened by convert-inl.h (F16C where the target has it; Highway's own promotion makes NaN finite).
-    const auto* p = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 4 * (i / kKiviGroup));
+    const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(r, hd) + 4 * (i / kKiviGroup));
     const hn::CappedTag<float, 1> d1;
     const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p));
     const float mf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 1));
@@ -515,7 +515,7 @@ void KiviQueriesImpl(const uint8_t* const* group, int64_t hb, int64_t hd, int64_
   for (int64_t g = g0; g < g1; ++g) {
     // Channel j per + k's (s, m) is pair k of the group's record j (convert-inl.h's exact fp16 widening).
     for (int64_t j = 0; j < kKiviGroup; ++j) {
-      const auto* p = reinterpret_cast<const f16_t*>(group[j] + g * hb + record_code_bytes(KvType::int4_kivi, hd));
+      const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(group[j] + g * hb, hd));
       int64_t k = 0;
       for (; hn::Lanes(d4) == 4 && k + 2 <= per; k += 2) {  // two pairs per conversion
         HWY_ALIGN float sm[4];
