@@ -477,6 +477,14 @@ TEST(Claims, PagedUtilization) {
   EXPECT_EQ(check("kvcache_serving", "paged", {serve("contiguous", 0.3)}).verdict, "out_of_scope");
   // Control: a "paged" cache that reserves as the contiguous one does.
   EXPECT_EQ(check("kvcache_serving", "paged", {serve("contiguous", 0.3), serve("paged", 0.3)}).verdict, "not_reproduced");
+  // int4-kivi's residual is reserved by the storage type, not lost to the allocator: listed, not judged.
+  Record kivi = serve("paged", 0.77);
+  kivi.counters["kv_residual_tokens"] = 103;
+  const auto k = check("kvcache_serving", "paged", {serve("contiguous", 0.3), serve("paged", 0.98), kivi});
+  EXPECT_EQ(k.verdict, "reproduced");
+  EXPECT_NE(k.measured.find("77.0%"), std::string::npos) << k.measured;
+  EXPECT_NE(k.measured.find("not judged"), std::string::npos) << k.measured;
+  EXPECT_EQ(check("kvcache_serving", "paged", {serve("contiguous", 0.3), kivi}).verdict, "out_of_scope");
 }
 
 TEST(Claims, KvShareFromTheValidatedPerTokenFormula) {

@@ -502,14 +502,17 @@ ClaimResult check_paged(const ClaimSpec& spec, const std::vector<Record>& recs) 
   const Band band = claim_band(spec);
   std::string measured;
   std::vector<std::string> verdicts;
-  char buf[256];
+  char buf[384];
   for (const auto& r : recs) {
     if (r.technique != "kvcache_serving" || r.impl != "paged" || r.status != "ok") continue;
     const Record* c = nullptr;
     for (const auto& x : recs)
       if (x.technique == r.technique && x.impl == "contiguous" && x.status == "ok" && x.kase.id == r.kase.id) c = &x;
     const double u = r.counter("kv_utilization", NAN);
-    const std::string verdict = decide(u, 0, band);
+    // A per-request residual (int4-kivi) is reserved by the storage type, not wasted by the allocator:
+    // listed, not judged.
+    const bool residual = r.counter("kv_residual_tokens", 0) > 0;
+    const std::string verdict = residual ? "not judged: the type's per-request residual is reserved by design" : decide(u, 0, band);
     // A budget in bytes: the storage type and the budget name the case.
     const std::string typed = r.kase.params.contains("budget_mib")
                                   ? " " + r.kase.params.value("kv_dtype", std::string("fp16")) + " in " +
@@ -521,9 +524,9 @@ ClaimResult check_paged(const ClaimSpec& spec, const std::vector<Record>& recs) 
                   r.counter("decode_tokens_per_step"), c ? 100 * c->counter("kv_utilization", NAN) : NAN,
                   c ? c->counter("decode_tokens_per_step") : NAN, verdict.c_str());
     measured += buf;
-    verdicts.push_back(verdict);
+    if (!residual) verdicts.push_back(verdict);
   }
-  if (verdicts.empty()) return {"", "out_of_scope", "needs paged kvcache_serving cases"};
+  if (verdicts.empty()) return {measured, "out_of_scope", "needs paged kvcache_serving cases of a type without a residual"};
   return {measured, combine_verdicts(verdicts),
           "utilization = bytes of the running requests' tokens / bytes reserved for them, averaged over decode steps "
           "(exact counts: no uncertainty); the contiguous cache reserves max_len tokens per request; band " + band.str()};
