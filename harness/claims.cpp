@@ -32,6 +32,10 @@ std::string Band::str() const {
   return s;
 }
 
+double fp16_kv_bytes_per_token(const Json& model) {
+  return 2.0 * model.at("layers").get<double>() * model.at("kv_heads").get<double>() * model.at("head_dim").get<double>() * 2;
+}
+
 Band claim_band(const ClaimSpec& spec, const std::string& key) {
   const auto fail = [&](const std::string& why) {
     return Error("claim '" + spec.id + "': '" + key + "' " + why + " (expected [lo, hi], null for no limit)");

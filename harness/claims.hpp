@@ -42,6 +42,10 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0);
 // The ok record of implementation `impl` for the same case and backend as `like`, or null.
 const Record* same_case(const std::vector<Record>& recs, const Record& like, const std::string& impl);
 
+// A model configuration of a claim's data ({"layers", "kv_heads", "head_dim", ...}): its K and V bytes per
+// token in fp16 at every layer, 2 x layers x kv_heads x head_dim x 2, the memory models' KV term.
+double fp16_kv_bytes_per_token(const Json& model);
+
 // A time ratio of two records of one run (medians of their repetitions) and its uncertainty: the larger
 // of `noise` (the run-to-run allowance) and the repetitions' combined coefficient of variation, times
 // the ratio.

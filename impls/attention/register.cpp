@@ -234,7 +234,7 @@ ClaimResult check_fa_qwen8k(const ClaimSpec& spec, const std::vector<Record>& re
   const Dims prefill{1, get("heads"), get("kv_heads"), tokens, tokens, get("head_dim"), true, DType::f16, false};
   const double GiB = 1024.0 * 1024 * 1024;
   const double weights = 2 * c.at("params").get<double>() / GiB;
-  const double kv = 2.0 * static_cast<double>(get("layers") * get("kv_heads") * get("head_dim") * tokens) * 2 / GiB;
+  const double kv = fp16_kv_bytes_per_token(c) * static_cast<double>(tokens) / GiB;
   const MemoryModel mn = naive_memory(prefill, Backend::cuda), mf = flash_memory(prefill, Backend::cuda);
   const double naive = weights + kv + static_cast<double>(mn.live_before + mn.extra) / GiB;
   const double flash = weights + kv + static_cast<double>(mf.live_before + mf.extra) / GiB;

@@ -556,7 +556,7 @@ ClaimResult check_kv70(const ClaimSpec& spec, const std::vector<Record>& recs) {
   std::vector<std::string> verdicts;
   char buf[320];
   for (const Json& m : spec.data.at("models")) {
-    const double per_token = 2.0 * m.at("layers").get<double>() * m.at("kv_heads").get<double>() * m.at("head_dim").get<double>() * 2;
+    const double per_token = fp16_kv_bytes_per_token(m);
     const double weights = 2.0 * m.at("params").get<double>();
     auto share = [&](double t, double b) { return t * b * per_token / (t * b * per_token + weights); };
     const double at70 = 0.7 / 0.3 * weights / per_token;  // tokens (batch 1) where the share reaches 70%
