@@ -448,7 +448,7 @@ bool PagedCache::evict_oldest(Req& r) {
   host_refs_[h] = 1;
   dev_.copy(block_ptr(-1 - h, 0), block_ptr(b, 0), static_cast<std::size_t>(block_bytes()), CopyKind::device_to_host);
   traffic_.to_host += block_bytes();
-  if (--refs_[b] == 0) free_.push_back(b);
+  unref_block(b);
   r.table[r.cold++] = -1 - h;
   staged_layer_ = -1;  // the staging area no longer covers every cold block
   return true;
@@ -500,7 +500,7 @@ bool PagedCache::append(int64_t req) {
   } else if (refs_[r.table.back()] > 1) {  // copy on write: the last block is shared with a fork
     const int32_t b = copy_block(r.table.back(), slot);
     if (b < 0) return false;
-    --refs_[r.table.back()];
+    unref_block(r.table.back());  // still held by the fork
     r.table.back() = b;
   }
   ++r.len;
@@ -526,10 +526,7 @@ int64_t PagedCache::fork(int64_t req) {
     for (int64_t i = quantized_length(req) / block_tokens_; i < static_cast<int64_t>(copy.table.size()); ++i) {
       const int32_t b = copy_block(copy.table[i], block_tokens_);
       if (b < 0) {
-        for (int32_t o : own) {
-          refs_[o] = 0;
-          free_.push_back(o);
-        }
+        for (int32_t o : own) unref_block(o);
         return -1;
       }
       own.push_back(b);
@@ -553,7 +550,7 @@ int64_t PagedCache::fork(int64_t req) {
 void PagedCache::release(int64_t req) {
   Req& r = const_cast<Req&>(at(req));
   for (int32_t b : r.table) {
-    if (b >= 0 && --refs_[b] == 0) free_.push_back(b);
+    if (b >= 0) unref_block(b);
     if (b < 0 && --host_refs_[-1 - b] == 0) host_free_.push_back(-1 - b);
   }
   r.table.clear();

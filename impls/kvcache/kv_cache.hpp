@@ -296,6 +296,10 @@ class PagedCache final : public KvCache {
   // A free block holding the first `tokens` entries of block `from` at every layer (reference count 1); -1
   // when none is free. Copy on write and int4-kivi's fork take their copies here.
   int32_t copy_block(int32_t from, int64_t tokens);
+  // One reference to device block b dropped; the block goes back to the free list with the last.
+  void unref_block(int32_t b) {
+    if (--refs_[b] == 0) free_.push_back(b);
+  }
   Device& dev_;
   int64_t block_tokens_, num_blocks_;
   Buffer pool_;
