@@ -878,7 +878,7 @@ def serving_figures(cases):
                    kind="plain", notes=[r[2] for r in rows])
         figures.append(figure("The same KV budget in bytes holds as many tokens as each storage type's bytes per token "
                               "allow (scales included): the running requests per decode step, with the tokens the budget "
-                              "holds (int4-kivi: less each running request's fp16 residual), the largest batch and the "
+                              "holds (KIVI types: less each running request's fp16 residual), the largest batch and the "
                               "preemptions at the end of each bar. Steps of the "
                               "simulation: a real step's time also grows with the batch.", img))
     return figures

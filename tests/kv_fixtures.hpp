@@ -24,13 +24,13 @@ inline constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,        KvType::f
                                     KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2};
 
 // The types the caches' own write_token and read_token take, and the CPU kernels: every record type and
-// int4-kivi (written by group; no CUDA kernel, no record-by-record encode_head).
+// the KIVI types (written by group; no CUDA kernel, no record-by-record encode_head).
 inline constexpr KvType kCacheTypes[] = {KvType::f32,      KvType::bf16,        KvType::f16,  KvType::int8,
                                          KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
                                          KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2,
-                                         KvType::int4_kivi};
+                                         KvType::int4_kivi, KvType::int2_kivi};
 
-// Whether type t takes head_dim hd (q8_0, q4_0 and int4-kivi need a multiple of 32).
+// Whether type t takes head_dim hd (q8_0, q4_0 and the KIVI types need a multiple of 32).
 inline bool takes(KvType t, int64_t hd) {
   const KvShape s{1, 1, hd, t};
   return (!s.blocked() && !s.kivi()) || hd % 32 == 0;
@@ -57,7 +57,7 @@ inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
 }
 
 // Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos); host caches go through
-// KvCache::write_token (int4-kivi's groups), device ones get each record encoded here.
+// KvCache::write_token (the KIVI types' groups), device ones get each record encoded here.
 inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
   const KvShape& s = c.shape();
   const int64_t hd = s.head_dim;

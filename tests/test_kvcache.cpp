@@ -217,10 +217,11 @@ TEST(KvRecords, Q8_0AndQ4_0EqualGgmlsBlocksBitForBit) {
   }
 }
 
-// int4-kivi: a request's tokens as stored, against the fp16 values of what was written. Keys per channel
+// The KIVI types: a request's tokens as stored, against the fp16 values of what was written. Keys per channel
 // over each complete group of 32 tokens, values per token over blocks of 32 channels: within half a step
-// (the fp16 step's rounding adds at most 15 x 2^-11 of a step at the top of the range), the step being the
-// range / 15 of that channel's group (K) or of that block (V); the incomplete group's tokens equal to fp16.
+// (the fp16 step's rounding adds at most top x 2^-11 of a step at the top of the range), the step being the
+// range / top of that channel's group (K) or of that block (V), top = 15 (int4-kivi) or 3 (int2-kivi); the
+// incomplete group's tokens equal to fp16.
 namespace {
 struct KiviInputs {
   std::vector<std::vector<float>> k, v;  // per position: [kv_heads][head_dim]
@@ -239,85 +240,90 @@ float f16r(float x) { return to_float(to_f16(x)); }
 }  // namespace
 
 TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16) {
-  auto dev = make_cpu_device();
-  const KvShape s{2, 2, 64, KvType::int4_kivi};
-  EXPECT_EQ(s.head_bytes(), 64 / 2 + 64 / 8);  // the codes, then two (s, m) fp16 pairs
-  const int64_t len = 75;                      // two groups and 11 tokens of the third
-  const KiviInputs in = kivi_inputs(s, len, 3);
-  ContiguousCache c(*dev, s);
-  const int64_t r = c.add(len);
-  for (int64_t p = 0; p < len; ++p) {
-    ASSERT_TRUE(c.append(r));
-    for (int64_t l = 0; l < s.layers; ++l) c.write_token(r, l, p, in.k[p].data(), in.v[p].data());
-  }
-  EXPECT_EQ(c.quantized_length(r), 64);
-  const int64_t n = s.kv_heads * s.head_dim;
-  std::vector<float> k(n), v(n);
-  double worst_k = 0, worst_v = 0;
-  for (int64_t l = 0; l < s.layers; ++l)
+  for (const KvType type : {KvType::int4_kivi, KvType::int2_kivi}) {
+    SCOPED_TRACE(kv_type_name(type));
+    auto dev = make_cpu_device();
+    const KvShape s{2, 2, 64, type};
+    const int bits = type == KvType::int2_kivi ? 2 : 4;
+    const double top = (1 << bits) - 1;
+    EXPECT_EQ(s.head_bytes(), 64 * bits / 8 + 64 / 8);  // the codes, then two (s, m) fp16 pairs
+    const int64_t len = 75;                             // two groups and 11 tokens of the third
+    const KiviInputs in = kivi_inputs(s, len, 3);
+    ContiguousCache c(*dev, s);
+    const int64_t r = c.add(len);
     for (int64_t p = 0; p < len; ++p) {
-      c.read_token(r, l, p, k.data(), v.data());
-      for (int64_t i = 0; i < n; ++i) {
-        if (p >= 64) {  // the residual: fp16 of the input
-          ASSERT_EQ(k[i], f16r(in.k[p][i])) << p << " " << i;
-          ASSERT_EQ(v[i], f16r(in.v[p][i])) << p << " " << i;
-          continue;
+      ASSERT_TRUE(c.append(r));
+      for (int64_t l = 0; l < s.layers; ++l) c.write_token(r, l, p, in.k[p].data(), in.v[p].data());
+    }
+    EXPECT_EQ(c.quantized_length(r), 64);
+    const int64_t n = s.kv_heads * s.head_dim;
+    std::vector<float> k(n), v(n);
+    double worst_k = 0, worst_v = 0;
+    for (int64_t l = 0; l < s.layers; ++l)
+      for (int64_t p = 0; p < len; ++p) {
+        c.read_token(r, l, p, k.data(), v.data());
+        for (int64_t i = 0; i < n; ++i) {
+          if (p >= 64) {  // the residual: fp16 of the input
+            ASSERT_EQ(k[i], f16r(in.k[p][i])) << p << " " << i;
+            ASSERT_EQ(v[i], f16r(in.v[p][i])) << p << " " << i;
+            continue;
+          }
+          float klo = INFINITY, khi = -INFINITY, vlo = INFINITY, vhi = -INFINITY;
+          for (int64_t j = p / 32 * 32; j < p / 32 * 32 + 32; ++j) {  // channel i over the group
+            klo = std::min(klo, f16r(in.k[j][i]));
+            khi = std::max(khi, f16r(in.k[j][i]));
+          }
+          for (int64_t e = i / 32 * 32; e < i / 32 * 32 + 32; ++e) {  // element i's block of the token
+            vlo = std::min(vlo, f16r(in.v[p][e]));
+            vhi = std::max(vhi, f16r(in.v[p][e]));
+          }
+          const double sk = (khi - klo) / top, sv = (vhi - vlo) / top;
+          const double ek = std::fabs(k[i] - f16r(in.k[p][i])), ev = std::fabs(v[i] - f16r(in.v[p][i]));
+          ASSERT_LE(ek, sk * (0.5 + top * 0x1p-11) + 1e-6) << "key, position " << p << " element " << i;
+          ASSERT_LE(ev, sv * (0.5 + top * 0x1p-11) + 1e-6) << "value, position " << p << " element " << i;
+          worst_k = std::max(worst_k, ek / sk);
+          worst_v = std::max(worst_v, ev / sv);
         }
-        float klo = INFINITY, khi = -INFINITY, vlo = INFINITY, vhi = -INFINITY;
-        for (int64_t j = p / 32 * 32; j < p / 32 * 32 + 32; ++j) {  // channel i over the group
-          klo = std::min(klo, f16r(in.k[j][i]));
-          khi = std::max(khi, f16r(in.k[j][i]));
-        }
-        for (int64_t e = i / 32 * 32; e < i / 32 * 32 + 32; ++e) {  // element i's block of the token
-          vlo = std::min(vlo, f16r(in.v[p][e]));
-          vhi = std::max(vhi, f16r(in.v[p][e]));
-        }
-        const double sk = (khi - klo) / 15.0, sv = (vhi - vlo) / 15.0;
-        const double ek = std::fabs(k[i] - f16r(in.k[p][i])), ev = std::fabs(v[i] - f16r(in.v[p][i]));
-        ASSERT_LE(ek, sk * (0.5 + 15 * 0x1p-11) + 1e-6) << "key, position " << p << " element " << i;
-        ASSERT_LE(ev, sv * (0.5 + 15 * 0x1p-11) + 1e-6) << "value, position " << p << " element " << i;
-        worst_k = std::max(worst_k, ek / sk);
-        worst_v = std::max(worst_v, ev / sv);
       }
-    }
-  EXPECT_GT(worst_k, 0.3);  // the codes are used: errors reach near half a step
-  EXPECT_GT(worst_v, 0.3);
-  // The kernel at head_dim 64 (two pairs per record; the other kernel tests take 32, one pair) against the
-  // float64 kernel over the same stored values, on every SIMD target.
-  test::for_each_simd_target([&](int64_t) {
-    const int64_t heads = 6;
-    const auto q = normals(heads * s.head_dim, 12);
-    std::vector<float> o(q.size());
-    std::vector<double> ref(q.size());
-    for (int64_t l = 0; l < s.layers; ++l) {
-      decode_attention(c, std::vector<int64_t>{r}, l, q.data(), heads, o.data(), 32);
-      decode_attention_ref(c, r, l, q.data(), heads, ref.data());
-      EXPECT_LE(error_stats(std::vector<double>(o.begin(), o.end()), ref).rel_l2, 2.0 * (s.head_dim + len + 8) * std::ldexp(1.0, -24))
-          << "layer " << l;
-    }
-  });
-  // A write out of order, record-by-record encoding, offload and a head size that is not a multiple of 32
-  // are refused.
-  EXPECT_THROW(c.write_token(r, 0, 10, in.k[0].data(), in.v[0].data()), Error);
-  std::vector<uint8_t> rec(static_cast<std::size_t>(s.head_bytes()));
-  EXPECT_THROW(encode_head(KvType::int4_kivi, in.k[0].data(), 64, rec.data()), Error);
-  EXPECT_THROW(decode_head(KvType::int4_kivi, rec.data(), 64, k.data()), Error);
-  PagedCache p(*dev, s, 16, 8);
-  EXPECT_THROW(p.enable_offload(4, 1), Error);
-  EXPECT_THROW((ContiguousCache{*dev, KvShape{1, 1, 48, KvType::int4_kivi}}), Error);
-  const int64_t pr = p.add(40);
-  ASSERT_TRUE(p.append(pr));
-  p.write_token(pr, 0, 0, in.k[0].data(), in.v[0].data());
-  p.write_token(pr, 1, 0, in.k[0].data(), in.v[0].data());
-  EXPECT_THROW(plan_decode(p, std::vector<int64_t>{pr}, 0, 4), Error);  // no CUDA kernel
-  // The residual is the request's and is counted: one group of fp16 K and V at every layer.
-  EXPECT_EQ(s.residual_bytes(), s.layers * 32 * 2 * s.kv_heads * s.head_dim * 2);
-  EXPECT_EQ(c.reserved_bytes(), len * s.token_bytes() + s.residual_bytes());
-  EXPECT_EQ(p.reserved_bytes(), p.block_bytes() + s.residual_bytes());
-  EXPECT_EQ(static_cast<int64_t>(dev->memory().by_tag(Tag::kv).live),
-            c.reserved_bytes() + p.num_blocks() * p.block_bytes() + s.residual_bytes());  // the whole pool is held
-  c.release(r);
-  EXPECT_EQ(c.reserved_bytes(), 0);
+    EXPECT_GT(worst_k, 0.3);  // the codes are used: errors reach near half a step
+    EXPECT_GT(worst_v, 0.3);
+    // The kernel at head_dim 64 (two pairs per record; the other kernel tests take 32, one pair) against the
+    // float64 kernel over the same stored values, on every SIMD target.
+    test::for_each_simd_target([&](int64_t) {
+      const int64_t heads = 6;
+      const auto q = normals(heads * s.head_dim, 12);
+      std::vector<float> o(q.size());
+      std::vector<double> ref(q.size());
+      for (int64_t l = 0; l < s.layers; ++l) {
+        decode_attention(c, std::vector<int64_t>{r}, l, q.data(), heads, o.data(), 32);
+        decode_attention_ref(c, r, l, q.data(), heads, ref.data());
+        EXPECT_LE(error_stats(std::vector<double>(o.begin(), o.end()), ref).rel_l2, 2.0 * (s.head_dim + len + 8) * std::ldexp(1.0, -24))
+            << "layer " << l;
+      }
+    });
+    // A write out of order, record-by-record encoding, offload and a head size that is not a multiple of 32
+    // are refused.
+    EXPECT_THROW(c.write_token(r, 0, 10, in.k[0].data(), in.v[0].data()), Error);
+    std::vector<uint8_t> rec(static_cast<std::size_t>(s.head_bytes()));
+    EXPECT_THROW(encode_head(type, in.k[0].data(), 64, rec.data()), Error);
+    EXPECT_THROW(decode_head(type, rec.data(), 64, k.data()), Error);
+    PagedCache p(*dev, s, 16, 8);
+    EXPECT_THROW(p.enable_offload(4, 1), Error);
+    EXPECT_THROW((ContiguousCache{*dev, KvShape{1, 1, 48, type}}), Error);
+    const int64_t pr = p.add(40);
+    ASSERT_TRUE(p.append(pr));
+    p.write_token(pr, 0, 0, in.k[0].data(), in.v[0].data());
+    p.write_token(pr, 1, 0, in.k[0].data(), in.v[0].data());
+    EXPECT_THROW(plan_decode(p, std::vector<int64_t>{pr}, 0, 4), Error);  // no CUDA kernel
+    // The residual is the request's and is counted: one group of fp16 K and V at every layer.
+    EXPECT_EQ(s.residual_bytes(), s.layers * 32 * 2 * s.kv_heads * s.head_dim * 2);
+    EXPECT_EQ(c.reserved_bytes(), len * s.token_bytes() + s.residual_bytes());
+    EXPECT_EQ(p.reserved_bytes(), p.block_bytes() + s.residual_bytes());
+    EXPECT_EQ(static_cast<int64_t>(dev->memory().by_tag(Tag::kv).live),
+              c.reserved_bytes() + p.num_blocks() * p.block_bytes() + s.residual_bytes());  // the whole pool is held
+    c.release(r);
+    EXPECT_EQ(c.reserved_bytes(), 0);
+  }
 }
 
 TEST(KvKivi, AKeyOutlierChannelSetsOnlyItsOwnStepAndNonFiniteInputsStayInTheirChannelOrBlock) {
@@ -709,9 +715,9 @@ TEST(DecodeAttention, SplitsGiveTheSameBitsForAnyLayoutAndThreadCountOnEverySimd
             // int4-smooth's smoothed queries beside them (4 requests x heads x head_dim floats).
             int64_t slots = 0;
             for (int64_t len : lens) slots += decode_splits(len, split) > 1 ? decode_splits(len, split) : 0;
-            // int4-kivi's: a group's scaled queries and score biases per thread (heads x (head_dim + 1) floats).
+            // The KIVI types': a group's scaled queries and score biases per thread (heads x (head_dim + 1) floats).
             const int64_t smoothed = t == KvType::int4_smooth ? 4 * heads * hd * 4 : 0;
-            const int64_t kivi = t == KvType::int4_kivi ? omp_get_max_threads() * heads * (hd + 1) * 4 : 0;
+            const int64_t kivi = kvcache::is_kivi(t) ? omp_get_max_threads() * heads * (hd + 1) * 4 : 0;
             EXPECT_EQ(dev->memory().by_tag(Tag::workspace).peak,
                       std::max<std::size_t>(peak, slots * heads * (hd + 2) * 4 + smoothed + kivi));
             for (int64_t b = 0; b < 4; ++b) {
@@ -959,6 +965,13 @@ TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
   EXPECT_DOUBLE_EQ(m.per_token, 3.2);
   EXPECT_EQ(residual_model(KvShape{32, 32, 128, KvType::int4}).tokens, 0);
   EXPECT_EQ(budget_tokens_of(kivi, int64_t{8} << 30, 16, 4096), 52416);
+  // int2-kivi: 2 x 32 x 32 x (32 code bytes + 4 fp16 pairs) = 96 KiB per token; the same 16 MiB residual is
+  // 170.7 of its tokens, 5.33 per fp16 token.
+  const KvShape kivi2{32, 32, 128, KvType::int2_kivi};
+  ASSERT_EQ(kivi2.token_bytes(), 98304);
+  const ResidualModel m2 = residual_model(kivi2);
+  EXPECT_EQ(m2.tokens, 171);
+  EXPECT_DOUBLE_EQ(m2.per_token, 16.0 / 3.0);
   // A budget that holds max_len and a block but not a request's residual as well: an error that says so.
   try {
     budget_tokens_of(kivi, (4096 + 16 + 50) * kivi.token_bytes(), 16, 4096);

@@ -62,10 +62,11 @@ int64_t decode_splits(int64_t tokens, int64_t split_tokens) { return (tokens + s
 
 namespace {
 
-// int4-kivi: positions [from, to) of request req for the unit du (its KV heads, outputs and the request's
+// The KIVI types: positions [from, to) of request req for the unit du (its KV heads, outputs and the request's
 // queries q), whose entries are tokens[0 ..): the complete groups' records one group at a time, with the
 // queries multiplied channel by channel by the group's key steps s (qg: heads x head_dim floats) and the score
-// bias sum_c q_c (m_c + 8 s_c) (bias: heads floats), then the residual's fp16 tokens of the incomplete group.
+// bias sum_c q_c (m_c + z s_c) (z the zero point, kivi_zero; bias: heads floats), then the residual's fp16
+// tokens of the incomplete group.
 // One online softmax runs through all of it (DecodeUnit::start).
 void kivi_unit(const KvCache& c, int64_t req, int64_t layer, int64_t from, int64_t to, const uint8_t* const* tokens,
                simd::DecodeUnit du, const float* q, float* qg, float* bias) {
@@ -77,7 +78,7 @@ void kivi_unit(const KvCache& c, int64_t req, int64_t layer, int64_t from, int64
     c.runs_in(req, layer, first, first + kKiviGroup, [&](const uint8_t* e, int64_t at, int64_t n) {
       for (int64_t t = 0; t < n; ++t) group[at - first + t] = e + t * s.entry_bytes();
     });
-    simd::kivi_queries(group, hb, hd, du.g0, du.g1, du.group, q, qg, bias);
+    simd::kivi_queries(s.type, group, hb, hd, du.g0, du.g1, du.group, q, qg, bias);
     du.q = qg;
     du.score_bias = bias;
     du.tokens = tokens + (p - from);
@@ -132,7 +133,7 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
   const int64_t ranges = std::clamp<int64_t>((2 * omp_get_max_threads() + splits - 1) / splits, 1, s.kv_heads);
   float qk_scale[kMaxHeads];
   for (int64_t g = 0; g < s.kv_heads; ++g) qk_scale[g] = s.qk_scale(layer, g);
-  // int4-kivi: per thread, the queries times a group's key steps and the score biases (heads x (head_dim + 1)).
+  // KIVI types: per thread, the queries times a group's key steps and the score biases (heads x (head_dim + 1)).
   Buffer kivi_ws;
   const int64_t kivi_floats = heads * (hd + 1);
   if (s.kivi())
@@ -218,8 +219,8 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
   MT_CHECK(split_tokens > 0, "decode attention: split_tokens must be positive (got " + std::to_string(split_tokens) + ")");
   c.require_staged(reqs, layer);
   const KvShape& s = c.shape();
-  MT_CHECK(!s.kivi(), "decode attention: int4-kivi has no CUDA kernel (its keys need their group's steps and its last "
-                      "tokens the residual; CPU only)");
+  MT_CHECK(!s.kivi(), std::string("decode attention: ") + kv_type_name(s.type) +
+                          " has no CUDA kernel (its keys need their group's steps and its last tokens the residual; CPU only)");
   DecodePlan p;
   p.type = s.type;
   p.heads = heads;

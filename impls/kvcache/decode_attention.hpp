@@ -17,9 +17,10 @@
 //                          count (head ranges, which follow the thread count, do not change the arithmetic).
 //                          int4-smooth multiplies the queries by the key smoothing factors first, in a
 //                          workspace of reqs x heads x head_dim floats, and reads the records as int4.
-//                          int4-kivi runs a unit group by group: the queries times the group's key steps and a
-//                          score bias per query head (a workspace of threads x heads x (head_dim + 1)
-//                          floats), the records' codes read as int4's, then the residual's fp16 tokens.
+//                          int4-kivi and int2-kivi run a unit group by group: the queries times the group's
+//                          key steps and a score bias per query head (a workspace of threads x heads x
+//                          (head_dim + 1) floats), the records' codes read as int4's (int2-kivi: 2-bit codes
+//                          likewise), then the residual's fp16 tokens.
 //
 // CUDA (decode_kernels.cuh, launched by decode_attention.cu), the same flash-decoding over a block table
 // as vLLM's PagedAttention reads it: plan_decode() lists, on the host, where each request's tokens live (its runs of entries cut into
@@ -58,8 +59,8 @@ void decode_attention(const KvCache& c, std::span<const int64_t> reqs, int64_t l
 // Splits of a request of `tokens` cached tokens; one of more than one takes a workspace slot.
 int64_t decode_splits(int64_t tokens, int64_t split_tokens = kDecodeSplitTokens);
 
-// Bytes the kernel reads from the cache for one request at one layer (every K and V record; int4-kivi: the
-// complete groups' records and the residual's fp16 tokens).
+// Bytes the kernel reads from the cache for one request at one layer (every K and V record; the KIVI types:
+// the complete groups' records and the residual's fp16 tokens).
 inline int64_t decode_bytes_read(const KvCache& c, int64_t req) {
   const int64_t nq = c.quantized_length(req);
   return nq * c.shape().entry_bytes() + (c.length(req) - nq) * c.shape().residual_entry_bytes();
@@ -91,7 +92,7 @@ struct DecodePlan {
   bool vector_loads = false;
 };
 // split_tokens: positive; Error for a request with no token, heads that kv_heads does not divide, or an
-// int4-kivi cache (no CUDA kernel).
+// int4-kivi or int2-kivi cache (no CUDA kernel).
 DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, int64_t heads,
                        int64_t split_tokens = kCudaSplitTokens);
 

@@ -293,7 +293,8 @@ inline SplitKernel split_kernel(const DecodePlan& p, const Shape& s) {
     case KvType::q8_0: return split_kernel_type<KvType::q8_0>(e, vec, s.gm);
     case KvType::q4_0: return split_kernel_type<KvType::q4_0>(e, vec, s.gm);
     case KvType::fp8_e5m2: return split_kernel_type<KvType::fp8_e5m2>(e, vec, s.gm);
-    case KvType::int4_kivi: return nullptr;  // plan_decode refuses it
+    case KvType::int4_kivi:
+    case KvType::int2_kivi: return nullptr;  // plan_decode refuses them
   }
   return nullptr;
 }

@@ -24,16 +24,19 @@ const char* kv_type_name(KvType t) {
     case KvType::q4_0: return "q4_0";
     case KvType::fp8_e5m2: return "fp8-e5m2";
     case KvType::int4_kivi: return "int4-kivi";
+    case KvType::int2_kivi: return "int2-kivi";
   }
   return "?";
 }
 
 KvType parse_kv_type(const std::string& s) {
   for (KvType t : {KvType::f32, KvType::bf16, KvType::f16, KvType::int8, KvType::fp8_e4m3, KvType::fp8_e4m3_static,
-                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2, KvType::int4_kivi})
+                   KvType::int4, KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2, KvType::int4_kivi,
+                   KvType::int2_kivi})
     if (s == kv_type_name(t)) return t;
   throw Error("unknown KV cache dtype \"" + s +
-              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0, fp8-e5m2, int4-kivi)");
+              "\" (fp32, bf16, fp16, int8, fp8-e4m3, fp8-e4m3-static, int4, int4-smooth, q8_0, q4_0, fp8-e5m2, int4-kivi, "
+              "int2-kivi)");
 }
 
 float KvShape::scale(int64_t layer, int kv, int64_t head) const {
@@ -46,8 +49,9 @@ void KvShape::validate() const {
   MT_CHECK((type != KvType::int4 && type != KvType::int4_smooth) || head_dim % 2 == 0,
            "kv cache: int4 packs two values per byte, so head_dim must be even (got " + std::to_string(head_dim) + ")");
   MT_CHECK(!kivi() || head_dim % kKiviGroup == 0,
-           "kv cache: int4-kivi keeps head_dim / 32 channels' key parameters in each record of a group of 32 tokens, so "
-           "head_dim must be a multiple of 32 (got " + std::to_string(head_dim) + ")");
+           std::string("kv cache: ") + kv_type_name(type) +
+               " keeps head_dim / 32 channels' key parameters in each record of a group of 32 tokens, so head_dim must be "
+               "a multiple of 32 (got " + std::to_string(head_dim) + ")");
   MT_CHECK(!blocked() || head_dim % kKvBlock == 0, std::string("kv cache: ") + kv_type_name(type) +
                                                       " scales blocks of 32 values, so head_dim must be a multiple of 32 (got " +
                                                       std::to_string(head_dim) + ")");
@@ -74,6 +78,7 @@ int64_t KvShape::elem_bits() const {
     case KvType::int8: case KvType::fp8_e4m3: case KvType::fp8_e4m3_static: case KvType::q8_0: case KvType::fp8_e5m2:
       return 8;
     case KvType::int4: case KvType::int4_smooth: case KvType::q4_0: case KvType::int4_kivi: return 4;
+    case KvType::int2_kivi: return 2;
   }
   return 32;
 }
@@ -119,7 +124,9 @@ void encode_blocks(KvType t, const float* x, int64_t n, uint8_t* r) {
 
 void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales sc) {
   switch (t) {
-    case KvType::int4_kivi: throw Error("kv cache: int4-kivi records are written by group (KvCache::write_token)");
+    case KvType::int4_kivi:
+    case KvType::int2_kivi:
+      throw Error(std::string("kv cache: ") + kv_type_name(t) + " records are written by group (KvCache::write_token)");
     case KvType::q8_0:
     case KvType::q4_0: return encode_blocks(t, x, n, r);
     case KvType::fp8_e4m3_static:
@@ -168,7 +175,7 @@ void encode_head(KvType t, const float* x, int64_t n, uint8_t* r, RecordScales s
 }
 
 void decode_head(KvType t, const uint8_t* r, int64_t n, float* x, RecordScales sc) {
-  MT_CHECK(t != KvType::int4_kivi, "kv cache: int4-kivi keys are decoded with their group (KvCache::read_token)");
+  MT_CHECK(!is_kivi(t), std::string("kv cache: ") + kv_type_name(t) + " keys are decoded with their group (KvCache::read_token)");
   if (t == KvType::f32) {
     std::memcpy(x, r, n * 4);
     return;
@@ -193,14 +200,14 @@ int64_t KvCache::used_bytes() const {
 
 namespace {
 
-// int4-kivi's asymmetric 4-bit step over n fp16 values h[i * stride] of the residual (a key channel over a
-// group's tokens, or a value block over its channels): s = (max - min) / 15 and m = min, both rounded to fp16,
-// and the codes taken against the rounded pair; a NaN or Inf among them gives s = NaN and zero codes; max =
-// min gives s = 0 and zero codes.
+// KIVI's asymmetric step over n fp16 values h[i * stride] of the residual (a key channel over a group's
+// tokens, or a value block over its channels), for codes in [0, top] (top = 15 for int4-kivi, 3 for
+// int2-kivi): s = (max - min) / top and m = min, both rounded to fp16, and the codes taken against the
+// rounded pair; a NaN or Inf among them gives s = NaN and zero codes; max = min gives s = 0 and zero codes.
 struct KiviStep {
   uint16_t s, m;
 };
-KiviStep kivi_step(const uint16_t* h, int64_t n, int64_t stride, uint8_t* codes) {
+KiviStep kivi_step(const uint16_t* h, int64_t n, int64_t stride, float top, uint8_t* codes) {
   auto x = [&](int64_t i) { return half_bits_to_float(h[i * stride]); };
   float lo = x(0), hi = x(0);
   bool finite = true;
@@ -210,20 +217,25 @@ KiviStep kivi_step(const uint16_t* h, int64_t n, int64_t stride, uint8_t* codes)
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
-  const f16_t s = to_f16(finite ? (hi - lo) / 15.f : NAN), m = to_f16(finite ? lo : 0.f);
+  const f16_t s = to_f16(finite ? (hi - lo) / top : NAN), m = to_f16(finite ? lo : 0.f);
   const float sf = to_float(s), mf = to_float(m);
   for (int64_t i = 0; i < n; ++i)
-    codes[i] = sf > 0 && std::isfinite(sf) ? static_cast<uint8_t>(std::clamp(std::rint((x(i) - mf) / sf), 0.f, 15.f)) : 0;
+    codes[i] = sf > 0 && std::isfinite(sf) ? static_cast<uint8_t>(std::clamp(std::rint((x(i) - mf) / sf), 0.f, top)) : 0;
   return {s.bits, m.bits};
 }
 
-void put_pair(uint8_t* r, int64_t hd, int64_t k, KiviStep st) {
-  uint8_t* p = kivi_pairs(r, hd) + 4 * k;
+void put_pair(KvType t, uint8_t* r, int64_t hd, int64_t k, KiviStep st) {
+  uint8_t* p = kivi_pairs(t, r, hd) + 4 * k;
   std::memcpy(p, &st.s, 2);
   std::memcpy(p + 2, &st.m, 2);
 }
 
-void put_code(uint8_t* r, int64_t i, uint8_t q) { r[i / 2] = static_cast<uint8_t>(i % 2 ? (r[i / 2] & 0x0F) | q << 4 : (r[i / 2] & 0xF0) | q); }
+// Code q of element i into a record of B-bit codes (4 or 2; record_code's order).
+void put_code(int B, uint8_t* r, int64_t i, uint8_t q) {
+  const int per = 8 / B, shift = B * static_cast<int>(i % per);
+  uint8_t& byte = r[i / per];
+  byte = static_cast<uint8_t>((byte & ~(((1 << B) - 1) << shift)) | q << shift);
+}
 
 }  // namespace
 
@@ -251,7 +263,7 @@ int64_t KvCache::residual_reserved() const {
 const uint8_t* KvCache::residual(int64_t req, int64_t layer) const {
   MT_CHECK(shape_.kivi() && req >= 0 && req < static_cast<int64_t>(residual_.size()) && residual_[req].bytes() > 0 &&
                layer >= 0 && layer < shape_.layers,
-           "kv cache: request " + std::to_string(req) + " has no int4-kivi residual at layer " + std::to_string(layer));
+           "kv cache: request " + std::to_string(req) + " has no KIVI residual at layer " + std::to_string(layer));
   return residual_[req].as<uint8_t>() + layer * kKiviGroup * shape_.residual_entry_bytes();
 }
 
@@ -266,7 +278,8 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
     }
     return;
   }
-  MT_CHECK(pos == length(req) - 1, "kv cache: int4-kivi tokens are written in order, each as the request's last");
+  MT_CHECK(pos == length(req) - 1,
+           std::string("kv cache: ") + kv_type_name(shape_.type) + " tokens are written in order, each as the request's last");
   // The token into the residual, its records zero until the group completes.
   auto* res = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(residual(req, layer)));
   const int64_t slot = pos % kKiviGroup, per = 2 * kvh * hd;
@@ -280,19 +293,22 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
   const int64_t first = pos - slot, c = hd / kKiviGroup;
   uint8_t* recs[kKiviGroup];
   for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = entry(req, layer, first + j);
+  const KvType t = shape_.type;
+  const int bits = static_cast<int>(shape_.elem_bits());
+  const float top = static_cast<float>((1 << bits) - 1);
   uint8_t codes[kKiviGroup];
   for (int64_t h = 0; h < kvh; ++h) {
     for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
-      const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, codes);
-      for (int64_t j = 0; j < kKiviGroup; ++j) put_code(recs[j] + h * hb, ch, codes[j]);
-      put_pair(recs[ch / c] + h * hb, hd, ch % c, st);
+      const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, top, codes);
+      for (int64_t j = 0; j < kKiviGroup; ++j) put_code(bits, recs[j] + h * hb, ch, codes[j]);
+      put_pair(t, recs[ch / c] + h * hb, hd, ch % c, st);
     }
     for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
       for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
-        const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, codes);
+        const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
         uint8_t* r = recs[j] + (kvh + h) * hb;
-        for (int64_t i = 0; i < kKiviGroup; ++i) put_code(r, b * kKiviGroup + i, codes[i]);
-        put_pair(r, hd, b, st);
+        for (int64_t i = 0; i < kKiviGroup; ++i) put_code(bits, r, b * kKiviGroup + i, codes[i]);
+        put_pair(t, r, hd, b, st);
       }
   }
 }
@@ -324,12 +340,13 @@ void KvCache::read_token(int64_t req, int64_t layer, int64_t pos, float* k, floa
     for (int64_t t = 0; t < n; ++t) group[at - first + t] = p + t * shape_.entry_bytes();
   });
   const uint8_t* e = group[pos - first];
+  const KvType t = shape_.type;
   for (int64_t h = 0; h < kvh; ++h)
     for (int64_t i = 0; i < hd; ++i) {
-      const KiviPair kp = kivi_pair(group[i / c] + h * hb, hd, i % c);
-      k[h * hd + i] = kp.m + kp.s * (record_value(KvType::int4_kivi, e + h * hb, i) + 8.f);
-      const KiviPair vp = kivi_pair(e + (kvh + h) * hb, hd, i / kKiviGroup);
-      v[h * hd + i] = vp.m + vp.s * (record_value(KvType::int4_kivi, e + (kvh + h) * hb, i) + 8.f);
+      const KiviPair kp = kivi_pair(t, group[i / c] + h * hb, hd, i % c);
+      k[h * hd + i] = kp.m + kp.s * (record_value(t, e + h * hb, i) + kivi_zero(t));
+      const KiviPair vp = kivi_pair(t, e + (kvh + h) * hb, hd, i / kKiviGroup);
+      v[h * hd + i] = vp.m + vp.s * (record_value(t, e + (kvh + h) * hb, i) + kivi_zero(t));
     }
 }
 
@@ -430,7 +447,8 @@ void PagedCache::enable_offload(int64_t host_blocks, int64_t hot_blocks) {
   MT_CHECK(host_blocks > 0 && host_blocks < (int64_t{1} << 31) && hot_blocks > 0,
            "kv cache: offload needs host_blocks > 0 and hot_blocks > 0");
   MT_CHECK(reqs_.empty() && !offloading(), "kv cache: enable_offload before the first request, once");
-  MT_CHECK(!shape_.kivi(), "kv cache: int4-kivi does not offload (a completing group rewrites records that may be cold)");
+  MT_CHECK(!shape_.kivi(), std::string("kv cache: ") + kv_type_name(shape_.type) +
+                               " does not offload (a completing group rewrites records that may be cold)");
   host_blocks_ = host_blocks;
   hot_blocks_ = hot_blocks;
   host_pool_ = Buffer(dev_.host(), static_cast<std::size_t>(host_blocks * block_bytes()), Tag::kv);
@@ -519,7 +537,7 @@ int32_t PagedCache::copy_block(int32_t from, int64_t tokens) {
 
 int64_t PagedCache::fork(int64_t req) {
   Req copy = at(req);
-  // int4-kivi: completing the incomplete group rewrites its records, so the blocks that hold any of its
+  // The KIVI types: completing the incomplete group rewrites its records, so the blocks that hold any of its
   // positions are the fork's own copies from the start (-1 when the pool cannot give them).
   std::vector<int32_t> own;
   if (shape_.kivi() && copy.len % kKiviGroup != 0) {

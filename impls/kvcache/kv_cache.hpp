@@ -45,6 +45,9 @@
 //                        the channel's (K) or block's (V) step NaN over the group: those values decode to NaN.
 //                        Records of the incomplete group are zero until it completes; the kernels read the
 //                        residual there. Written only through write_token, in order; CPU kernels only.
+//   int2-kivi            KIVI-2, the paper's 2-bit configuration: int4-kivi with codes in [0, 3], s = (max - min)
+//                        / 3, four codes a byte (element 4j + k in bits 2k, 2k + 1 of byte j): head_dim / 4 code
+//                        bytes, then the same pairs and the same residual.
 // A vector of zeros stores s = 0 and decodes to zeros; a NaN or Inf element makes the scale non-finite
 // and the whole vector decodes to NaN (a defined, visible result; q8_0 / q4_0: its block of 32); with a
 // static scale (and fp8-e5m2), a NaN element stays NaN and an infinite one saturates, element by element. A q8_0 / q4_0
@@ -82,14 +85,14 @@
 
 namespace memtrade::kvcache {
 
-enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0, fp8_e5m2, int4_kivi };
+enum class KvType { f32, bf16, f16, int8, fp8_e4m3, fp8_e4m3_static, int4, int4_smooth, q8_0, q4_0, fp8_e5m2, int4_kivi, int2_kivi };
 const char* kv_type_name(KvType t);
 // "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0",
-// "fp8-e5m2", "int4-kivi"; Error otherwise
+// "fp8-e5m2", "int4-kivi", "int2-kivi"; Error otherwise
 KvType parse_kv_type(const std::string& s);
 
-// int4-kivi: tokens per key group (and the length of the fp16 residual of the incomplete group), channels per
-// value block.
+// The KIVI types (int4-kivi, int2-kivi): tokens per key group (and the length of the fp16 residual of the
+// incomplete group), channels per value block.
 constexpr int64_t kKiviGroup = 32;
 
 // What scales a record beyond its own bytes: fp8-e4m3-static's scale of its (layer, K or V, kv head), and
@@ -133,19 +136,20 @@ struct KvShape {
     return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4 || type == KvType::int4_smooth;
   }
   bool blocked() const { return type == KvType::q8_0 || type == KvType::q4_0; }  // an fp16 scale per 32 elements
-  bool kivi() const { return type == KvType::int4_kivi; }  // (s, m) fp16 pairs, head_dim / 32 of them
+  // int4-kivi, int2-kivi: (s, m) fp16 pairs, head_dim / 32 of them, and a per-request residual
+  bool kivi() const { return type == KvType::int4_kivi || type == KvType::int2_kivi; }
   int64_t head_bytes() const {
     return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0) + (blocked() ? head_dim / 16 : 0) + (kivi() ? head_dim / 8 : 0);
   }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
-  // int4-kivi: one request's residual area (fp16 K and V of kKiviGroup tokens at every layer); 0 otherwise.
+  // The KIVI types: one request's residual area (fp16 K and V of kKiviGroup tokens at every layer); 0 otherwise.
   int64_t residual_entry_bytes() const { return 2 * kv_heads * head_dim * 2; }
   int64_t residual_bytes() const { return kivi() ? layers * kKiviGroup * residual_entry_bytes() : 0; }
 };
 
 // One head vector to and from its record; sc is the shape's record_scales() for the record's (layer, K or
-// V, head) and matters to fp8-e4m3-static and int4-smooth only. Not int4-kivi, whose key records need their
+// V, head) and matters to fp8-e4m3-static and int4-smooth only. Not the KIVI types, whose key records need their
 // group (KvCache::write_token / read_token): Error.
 void encode_head(KvType t, const float* x, int64_t head_dim, uint8_t* record, RecordScales sc = {});
 void decode_head(KvType t, const uint8_t* record, int64_t head_dim, float* x, RecordScales sc = {});
@@ -165,12 +169,12 @@ class KvCache {
   // Token pos's [K, V] x kv_heads records at `layer`; writable only for the request's last token.
   virtual uint8_t* entry(int64_t req, int64_t layer, int64_t pos) = 0;
   // Host caches (the CPU device): stores token pos's keys and values at `layer` (k, v: [kv_heads][head_dim])
-  // as the storage type says. int4-kivi: pos must be the request's last token, and when it completes a group
+  // as the storage type says. KIVI types: pos must be the request's last token, and when it completes a group
   // of kKiviGroup tokens the group's records are written from the residual. read_token gives them back as
-  // the kernels read them (int4-kivi: the residual's fp16 values for the incomplete group).
+  // the kernels read them (KIVI: the residual's fp16 values for the incomplete group).
   void write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v);
   void read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const;
-  // Tokens of the request held in records: its length, or for int4-kivi its complete groups'; the rest are in
+  // Tokens of the request held in records: its length, or for the KIVI types its complete groups'; the rest are in
   // residual(req, layer): fp16 entries of [K, V] x kv_heads x head_dim, position p at slot p % kKiviGroup.
   int64_t quantized_length(int64_t req) const {
     return shape_.kivi() ? length(req) / kKiviGroup * kKiviGroup : length(req);
@@ -201,7 +205,7 @@ class KvCache {
   virtual std::vector<int64_t> live_requests() const = 0;
 
  protected:
-  // int4-kivi's residual areas, by request id (empty Buffers for the other types and released requests).
+  // The KIVI types' residual areas, by request id (empty Buffers for the other types and released requests).
   bool add_residual(Device& dev, int64_t req);  // false when the pool cannot hold it
   void drop_residual(int64_t req);
   int64_t residual_reserved() const;
@@ -251,7 +255,7 @@ class PagedCache final : public KvCache {
   int64_t reserved_bytes() const override;
   std::vector<int64_t> live_requests() const override;
 
-  // A new request sharing all of req's tokens (their blocks' reference counts go up). int4-kivi: the blocks
+  // A new request sharing all of req's tokens (their blocks' reference counts go up). KIVI types: the blocks
   // that hold positions of req's incomplete group are copied for the fork instead (completing the group
   // rewrites them), and its residual too; -1 when the pool cannot hold those copies.
   int64_t fork(int64_t req);
@@ -294,7 +298,7 @@ class PagedCache final : public KvCache {
   int64_t slice_bytes() const { return block_tokens_ * shape_.entry_bytes(); }  // one block, one layer
   bool evict_oldest(Req& r);
   // A free block holding the first `tokens` entries of block `from` at every layer (reference count 1); -1
-  // when none is free. Copy on write and int4-kivi's fork take their copies here.
+  // when none is free. Copy on write and a KIVI fork take their copies here.
   int32_t copy_block(int32_t from, int64_t tokens);
   // One reference to device block b dropped; the block goes back to the free list with the last.
   void unref_block(int32_t b) {

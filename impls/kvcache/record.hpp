@@ -29,8 +29,15 @@ MT_HD T record_load(const uint8_t* r, int64_t i) {
 #endif
 }
 
+// int4-kivi and int2-kivi: KIVI's asymmetric codes of 4 or 2 bits. A value is m + s q for the code q in
+// [0, 2^bits); record_value gives q less the zero point z = 2^(bits - 1), as int4's decode does, so that the
+// value is m + s (record_value + z) and the kernels share the symmetric types' code decode.
+MT_HD constexpr bool is_kivi(KvType t) { return t == KvType::int4_kivi || t == KvType::int2_kivi; }
+MT_HD constexpr float kivi_zero(KvType t) { return t == KvType::int2_kivi ? 2.f : 8.f; }
+
 // The value of one element code, unscaled: the fp32 bits, bf16 or fp16 bits, the int8 code (int8, q8_0),
-// an E4M3 or E5M2 code (decoded), or a 4-bit code (int4, q4_0: the nibble, 0..15, less 8).
+// an E4M3 or E5M2 code (decoded), a 4-bit code (int4, q4_0, int4-kivi: the nibble, 0..15, less 8) or a 2-bit
+// one (int2-kivi: 0..3, less 2).
 MT_HD float code_value(KvType t, uint32_t code) {
   switch (t) {
     case KvType::f32: return detail::bits_as_float(code);
@@ -45,11 +52,13 @@ MT_HD float code_value(KvType t, uint32_t code) {
     case KvType::int4_smooth:
     case KvType::q4_0:
     case KvType::int4_kivi: return static_cast<float>(static_cast<int>(code & 15) - 8);  // int4-kivi: q - 8
+    case KvType::int2_kivi: return static_cast<float>(static_cast<int>(code & 3) - 2);
   }
   return 0.f;
 }
 
-// Element i's code in a record (int4, q4_0: element 2j in the low nibble of byte j, 2j + 1 in the high one).
+// Element i's code in a record (int4, q4_0: element 2j in the low nibble of byte j, 2j + 1 in the high one;
+// int2-kivi: element 4j + k in bits 2k, 2k + 1 of byte j).
 MT_HD uint32_t record_code(KvType t, const uint8_t* r, int64_t i) {
   switch (t) {
     case KvType::f32: return record_load<uint32_t>(r, i);
@@ -59,11 +68,12 @@ MT_HD uint32_t record_code(KvType t, const uint8_t* r, int64_t i) {
     case KvType::int4_smooth:
     case KvType::q4_0:
     case KvType::int4_kivi: return (i & 1) ? r[i >> 1] >> 4 : r[i >> 1] & 15u;
+    case KvType::int2_kivi: return (r[i >> 2] >> (2 * (i & 3))) & 3u;
     default: return r[i];
   }
 }
 
-// Code e of a run of codes of B bits (32, 16, 8 or 4) held in little-endian 32-bit words: how a CUDA lane
+// Code e of a run of codes of B bits (32, 16, 8, 4 or 2) held in little-endian 32-bit words: how a CUDA lane
 // cuts the slice of a record it loaded whole.
 template <int B>
 MT_HD uint32_t slice_code(const uint32_t* w, int e) {
@@ -93,6 +103,7 @@ MT_HD int64_t record_code_bytes(KvType t, int64_t hd) {
     case KvType::int4_smooth:
     case KvType::q4_0:
     case KvType::int4_kivi: return hd / 2;
+    case KvType::int2_kivi: return hd / 4;
     default: return hd;
   }
 }
@@ -121,17 +132,17 @@ MT_HD float element_scale(KvType t, const uint8_t* r, int64_t hd, int64_t i) {
   return record_blocked(t) ? block_scale(t, r, hd, i) : record_scale(t, r, hd);
 }
 
-// int4-kivi: the k-th (s, m) pair after a record's codes, read byte by byte: a V record's block k, or channel
-// j c + k of a K record's group (j its position in the group, c = head_dim / 32). A value is m + s q, q the
-// code (record_value + 8).
+// int4-kivi / int2-kivi (type t): the k-th (s, m) pair after a record's codes, read byte by byte: a V record's
+// block k, or channel j c + k of a K record's group (j its position in the group, c = head_dim / 32). A value
+// is m + s q, q the code (record_value + kivi_zero).
 struct KiviPair {
   float s, m;
 };
 // Where a record's (s, m) pairs start: right after its codes (pair k at 4 k bytes from there).
-MT_HD const uint8_t* kivi_pairs(const uint8_t* r, int64_t hd) { return r + record_code_bytes(KvType::int4_kivi, hd); }
-MT_HD uint8_t* kivi_pairs(uint8_t* r, int64_t hd) { return r + record_code_bytes(KvType::int4_kivi, hd); }
-MT_HD KiviPair kivi_pair(const uint8_t* r, int64_t hd, int64_t k) {
-  const uint8_t* p = kivi_pairs(r, hd) + 4 * k;
+MT_HD const uint8_t* kivi_pairs(KvType t, const uint8_t* r, int64_t hd) { return r + record_code_bytes(t, hd); }
+MT_HD uint8_t* kivi_pairs(KvType t, uint8_t* r, int64_t hd) { return r + record_code_bytes(t, hd); }
+MT_HD KiviPair kivi_pair(KvType t, const uint8_t* r, int64_t hd, int64_t k) {
+  const uint8_t* p = kivi_pairs(t, r, hd) + 4 * k;
   return {half_bits_to_float(static_cast<uint16_t>(p[0] | p[1] << 8)),
           half_bits_to_float(static_cast<uint16_t>(p[2] | p[3] << 8))};
 }

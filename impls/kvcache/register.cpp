@@ -59,7 +59,7 @@ std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
   for (int64_t t = 0; t < p.context; ++t)
     for (int64_t b = 0; b < p.batch; ++b) {
       MT_CHECK(c.append(reqs[b]), "kvcache: the cache refused a token it was sized for");
-      if (p.shape.kivi()) {  // by group, on a CPU cache (the CUDA workload skips int4-kivi)
+      if (p.shape.kivi()) {  // by group, on a CPU cache (the CUDA workload skips the KIVI types)
         const int64_t off = (b * p.context + t) * kvh * hd;
         c.write_token(reqs[b], 0, t, &p.k[off], &p.v[off]);
         continue;
@@ -121,7 +121,7 @@ class DecodeWorkload final : public Workload {
   DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p), dev_(dev) {
     const bool cuda = dev.backend() == Backend::cuda;
     if (cuda && offload) throw Skip("paged-offload runs on the CPU (the CUDA copies overlapped with the kernel are not written)");
-    if (cuda && p.shape.kivi()) throw Skip("int4-kivi has no CUDA decode kernel (CPU only)");
+    if (cuda && p.shape.kivi()) throw Skip(std::string(kv_type_name(p.shape.type)) + " has no CUDA decode kernel (CPU only)");
     if (offload) {
       auto c = offload_cache(dev, p.shape, p.block, p.hot_tokens, p.batch, p.context);
       offload_ = c.get();
@@ -509,7 +509,7 @@ ClaimResult check_paged(const ClaimSpec& spec, const std::vector<Record>& recs) 
     for (const auto& x : recs)
       if (x.technique == r.technique && x.impl == "contiguous" && x.status == "ok" && x.kase.id == r.kase.id) c = &x;
     const double u = r.counter("kv_utilization", NAN);
-    // A per-request residual (int4-kivi) is reserved by the storage type, not wasted by the allocator:
+    // A per-request residual (the KIVI types) is reserved by the storage type, not wasted by the allocator:
     // listed, not judged.
     const bool residual = r.counter("kv_residual_tokens", 0) > 0;
     const std::string verdict = residual ? "not judged: the type's per-request residual is reserved by design" : decide(u, 0, band);
@@ -594,8 +594,9 @@ void add_offload(Technique& t, const char* length, const char* description) {
                          [](const P& p, Device& d) { return std::make_unique<W>(p, true, d, true); });
   const std::string key = length;
   i.not_applicable = [key](const Case& c) {
-    if (c.text("kv_dtype", "") == "int4-kivi")
-      return std::string("int4-kivi does not offload (a completing group rewrites records that may be cold)");
+    const std::string kv = c.text("kv_dtype", "");
+    if (kv == "int4-kivi" || kv == "int2-kivi")
+      return kv + " does not offload (a completing group rewrites records that may be cold)";
     const int64_t block = c.integer("block", 16), hot = (c.integer("hot_tokens", 256) + block - 1) / block * block;
     return c.integer(key) <= hot ? std::string("the sequence fits the hot window (whole blocks): nothing to offload")
                                  : std::string();
@@ -617,10 +618,10 @@ void register_technique(Registry& r) {
         int_param("kv_heads", "key/value heads (divide heads)"),
         int_param("head_dim", "head dimension", nullptr, 1, 256),
         text_param("kv_dtype",
-                   "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's; int4-kivi: KIVI's "
-                   "per-channel keys and per-token values with an fp16 residual, CPU only)",
+                   "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's; int4-kivi, int2-kivi: "
+                   "KIVI's per-channel keys and per-token values in 4 or 2 bits with an fp16 residual, CPU only)",
                    nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "q8_0", "q4_0",
-                             "int4-kivi"}),
+                             "int4-kivi", "int2-kivi"}),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "K, V and Q", 1, 0),
         int_param("hot_tokens", "paged-offload: newest tokens per request kept on the device", 256, 1),
@@ -670,7 +671,7 @@ void register_technique(Registry& r) {
                   "kv_dtype: the tokens it holds follow the storage type", 0, 0),
         text_param("kv_dtype", "with budget_mib: storage of K and V (bytes per token, scales included)", "fp16",
                    {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
-                    "q8_0", "q4_0", "int4-kivi"}),
+                    "q8_0", "q4_0", "int4-kivi", "int2-kivi"}),
         int_param("layers", "with budget_mib: the model's layers (default Llama-2-7B's)", 32),
         int_param("kv_heads", "with budget_mib: its KV heads", 32),
         int_param("head_dim", "with budget_mib: its head dimension", 128),
@@ -692,7 +693,7 @@ void register_technique(Registry& r) {
         {"kv_bytes_per_token", "bytes", Better::lower, Gate::exact, 0, 0,
          "with budget_mib: K and V of one token at every layer of the model, as stored"},
         {"kv_residual_tokens", "tokens", Better::lower, Gate::exact, 0, 0,
-         "int4-kivi: the budget's tokens each running request holds for its fp16 residual"},
+         "int4-kivi, int2-kivi: the budget's tokens each running request holds for its fp16 residual"},
     };
     t.error_rule.judge = [](const Case&, const Problem&, const Impl&, const ErrorStats& e, const ErrorStats&) {
       return Verdict{e.finite(), e.finite() ? "every request finished" : "requests left unfinished"};
@@ -716,9 +717,10 @@ void register_technique(Registry& r) {
         text_param("kv_dtype",
                    "storage of K and V (fp8-e4m3-static: scales, int4-smooth: key smoothing factors, calibrated on "
                    "training windows; fp8-e5m2: no scale; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values; "
-                   "int4-kivi: KIVI's keys per channel over groups of 32 tokens, values per token, the last group in fp16)",
+                   "int4-kivi, int2-kivi: KIVI's keys per channel over groups of 32 tokens, values per token, in 4 or 2 "
+                   "bits, the last group in fp16)",
                    nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
-                             "q8_0", "q4_0", "int4-kivi"}),
+                             "q8_0", "q4_0", "int4-kivi", "int2-kivi"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
         text_param("activations",
                    "inputs of the batch-1 matvecs: fp32 (the packed kernels) or int8 (packed-a8: rounded per block "
@@ -745,7 +747,7 @@ void register_technique(Registry& r) {
         {"memory_at_*", "bytes", Better::lower, Gate::exact, 0, 0,
          "every weight as stored plus the KV cache of one sequence of that many tokens"},
         {"kv_residual_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
-         "int4-kivi: a sequence's fp16 residual (its incomplete group of 32 tokens at every layer)"},
+         "int4-kivi, int2-kivi: a sequence's fp16 residual (its incomplete group of 32 tokens at every layer)"},
         {"kv_to_device_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
          "paged-offload: cold KV staged to the device over the run (every layer, every step)"},
         {"kv_to_host_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "paged-offload: blocks moved to the host over the run"},

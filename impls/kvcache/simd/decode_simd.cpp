@@ -82,6 +82,44 @@ HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
 #endif
 }
 
+// Elements i .. i + Lanes - 1 (i a multiple of Lanes) of an int2-kivi record's codes, less 2, as exact floats:
+// element 4j + k is bits 2k, 2k + 1 of byte j. Int4's method with four lanes to a byte: the Lanes / 4 bytes,
+// copied into every 64-bit lane, go one to each group of four 32-bit lanes (each 128-bit block's lanes take
+// the same byte), lane k of the four keeps bits 2k, 2k + 1 ORed into the mantissa of 2^(23 - 2k), where
+// they weigh 1 and 2, and one subtraction of 2^(23 - 2k) + 2 leaves q - 2.
+HWY_INLINE VF Int2(const uint8_t* r, int64_t i) {
+  const DF df;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(df, record_value(KvType::int2_kivi, r, i));
+#else
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df));
+  static_assert(N >= 4 && N <= 16, "one to four 128-bit blocks of floats");
+  const hn::Repartition<uint64_t, DF> d64;
+  const hn::Repartition<uint8_t, DF> d8;
+  const hn::RebindToUnsigned<DF> du;
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, r + i / 4, N / 4);
+  // Byte b of the 8 copied into the low byte of each 32-bit lane of block b, zeros above (index bit 7 set).
+  alignas(64) static constexpr uint8_t kIdx[64] = {
+      0, 128, 128, 128, 0, 128, 128, 128, 0, 128, 128, 128, 0, 128, 128, 128,
+      1, 128, 128, 128, 1, 128, 128, 128, 1, 128, 128, 128, 1, 128, 128, 128,
+      2, 128, 128, 128, 2, 128, 128, 128, 2, 128, 128, 128, 2, 128, 128, 128,
+      3, 128, 128, 128, 3, 128, 128, 128, 3, 128, 128, 128, 3, 128, 128, 128};
+  alignas(64) static constexpr uint32_t kMask[16] = {0x03, 0x0C, 0x30, 0xC0, 0x03, 0x0C, 0x30, 0xC0,
+                                                     0x03, 0x0C, 0x30, 0xC0, 0x03, 0x0C, 0x30, 0xC0};
+  alignas(64) static constexpr uint32_t kExp[16] = {0x4B000000, 0x4A000000, 0x49000000, 0x48000000, 0x4B000000, 0x4A000000,
+                                                    0x49000000, 0x48000000, 0x4B000000, 0x4A000000, 0x49000000, 0x48000000,
+                                                    0x4B000000, 0x4A000000, 0x49000000, 0x48000000};
+  alignas(64) static constexpr float kZero[16] = {0x1p23f + 2, 0x1p21f + 2, 0x1p19f + 2, 0x1p17f + 2, 0x1p23f + 2, 0x1p21f + 2,
+                                                  0x1p19f + 2, 0x1p17f + 2, 0x1p23f + 2, 0x1p21f + 2, 0x1p19f + 2, 0x1p17f + 2,
+                                                  0x1p23f + 2, 0x1p21f + 2, 0x1p19f + 2, 0x1p17f + 2};
+  const auto src = hn::BitCast(d8, hn::Set(d64, bytes));
+  const auto lanes = hn::BitCast(du, hn::TableLookupBytesOr0(src, hn::Load(d8, kIdx)));
+  const auto bits = hn::OrAnd(hn::Load(du, kExp), lanes, hn::Load(du, kMask));
+  return hn::Sub(hn::BitCast(df, bits), hn::Load(df, kZero));
+#endif
+}
+
 // A head record of storage type K (head_dim hd): Lanes(DF) elements from element i as fp32 (unscaled), the
 // scale of element i's block (q8_0, q4_0; in every lane), one element (scaled by its block's scale), and
 // the record's own scale (1 where the type has none, or a static one the caller folds in).
@@ -99,6 +137,7 @@ struct Rec {
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     else if constexpr (K == KvType::int4 || K == KvType::q4_0 || K == KvType::int4_kivi) return Int4(r, i);
+    else if constexpr (K == KvType::int2_kivi) return Int2(r, i);
     else if constexpr (K == KvType::q8_0) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     else if constexpr (K == KvType::fp8_e5m2)  // a NaN input's NaN code stays NaN (an infinite one saturated)
       return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e5m2, true>(r + i);
@@ -111,22 +150,23 @@ struct Rec {
     const auto* s = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 2 * (i / kKvBlock));
     return hn::Set(DF(), hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(hn::CappedTag<float, 1>(), s)));
   }
-  // int4-kivi V records: the (s, m + 8 s) of element i's block, in every lane, for x = (q - 8) s + m + 8 s.
+  // KIVI V records: the (s, m + z s) of element i's block, in every lane, for x = (q - z) s + m + z s (z the
+  // zero point, kivi_zero).
   static HWY_INLINE void kivi_block(const uint8_t* r, int64_t i, int64_t hd, VF& s, VF& off) {
     // Widened by convert-inl.h (F16C where the target has it; Highway's own promotion makes NaN finite).
-    const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(r, hd) + 4 * (i / kKiviGroup));
+    const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(K, r, hd) + 4 * (i / kKiviGroup));
     const hn::CappedTag<float, 1> d1;
     const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p));
     const float mf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 1));
     s = hn::Set(DF(), sf);
-    off = hn::Set(DF(), mf + 8.f * sf);
+    off = hn::Set(DF(), mf + kivi_zero(K) * sf);
   }
   // One element, scaled by its block's scale (q8_0, q4_0); int4-kivi's come as q - 8 (a key's step is in the
   // query; ValueTail applies a value block's (s, m)).
   static HWY_INLINE float elem(const uint8_t* r, int64_t i, int64_t hd) {
     return record_blocked(K) ? block_scale(K, r, hd, i) * record_value(K, r, i) : record_value(K, r, i);
   }
-  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return K == KvType::int4_kivi ? 1.f : record_scale(K, r, hd); }
+  static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return is_kivi(K) ? 1.f : record_scale(K, r, hd); }
 };
 
 // The lane sums of four vectors at once, out[k] = sum of v[k]'s lanes: two interleave-and-add steps
@@ -235,9 +275,9 @@ HWY_NOINLINE void ValueTail(const uint8_t* const* vr, int64_t n, int64_t i, int6
       float acc = o[j * hd + i] * corr[j];
       for (int64_t t = 0; t < n; ++t) {
         float x = Rec<K>::elem(vr[t], i, hd);
-        if constexpr (K == KvType::int4_kivi) {
-          const KiviPair p = kivi_pair(vr[t], hd, i / kKiviGroup);
-          x = p.m + p.s * (x + 8.f);
+        if constexpr (is_kivi(K)) {
+          const KiviPair p = kivi_pair(K, vr[t], hd, i / kKiviGroup);
+          x = p.m + p.s * (x + kivi_zero(K));
         }
         acc += w[j][t] * x;
       }
@@ -270,9 +310,9 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
     l[j] = l[j] * corr[j] + hn::GetLane(hn::SumOfLanes(df, sum));
     m[j] = mx;
   }
-  // int4-kivi: each token's value blocks' s and m + 8 s, widened once per chunk (not per vector of columns).
-  HWY_ALIGN float ks[K == KvType::int4_kivi ? T : 1][8], ko[K == KvType::int4_kivi ? T : 1][8];
-  if constexpr (K == KvType::int4_kivi)
+  // KIVI: each token's value blocks' s and m + z s, widened once per chunk (not per vector of columns).
+  HWY_ALIGN float ks[is_kivi(K) ? T : 1][8], ko[is_kivi(K) ? T : 1][8];
+  if constexpr (is_kivi(K))
     for (int64_t t = 0; t < n; ++t)
       for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
         VF sv, ov;
@@ -292,14 +332,14 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
       for (int v = 0; v < DB; ++v) {
         if constexpr (record_blocked(K))
           if (v == 0 || (i + v * N) % kKvBlock == 0) sc = Rec<K>::block(vr[t], i + v * N, hd);
-        if constexpr (K == KvType::int4_kivi)
+        if constexpr (is_kivi(K))
           if (v == 0 || (i + v * N) % kKiviGroup == 0) {
             sc = hn::Set(df, ks[t][(i + v * N) / kKiviGroup]);
             off = hn::Set(df, ko[t][(i + v * N) / kKiviGroup]);
           }
         x[v] = Rec<K>::load(vr[t], i + v * N);
         if constexpr (record_blocked(K)) x[v] = hn::Mul(x[v], sc);
-        if constexpr (K == KvType::int4_kivi) x[v] = hn::MulAdd(x[v], sc, off);
+        if constexpr (is_kivi(K)) x[v] = hn::MulAdd(x[v], sc, off);
       }
       for (int j = 0; j < JB; ++j) {
         const VF wt = hn::Set(df, w[j][t]);
@@ -502,33 +542,35 @@ void DecodeUnitImpl(const DecodeUnit& u) {
     case KvType::q4_0: return Decode<KvType::q4_0>(u);
     case KvType::fp8_e5m2: return Decode<KvType::fp8_e5m2>(u);
     case KvType::int4_kivi: return Decode<KvType::int4_kivi>(u);  // a group's keys: steps in q, score_bias
+    case KvType::int2_kivi: return Decode<KvType::int2_kivi>(u);
   }
 }
 
-void KiviQueriesImpl(const uint8_t* const* group, int64_t hb, int64_t hd, int64_t g0, int64_t g1, int64_t G, const float* q,
-                     float* qg, float* bias) {
+void KiviQueriesImpl(KvType type, const uint8_t* const* group, int64_t hb, int64_t hd, int64_t g0, int64_t g1, int64_t G,
+                     const float* q, float* qg, float* bias) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), per = hd / kKiviGroup;
   const hn::CappedTag<float, 1> d1;
   const hn::CappedTag<float, 4> d4;  // (the scalar target has one lane: the pairs then go one by one)
   HWY_ALIGN float st[256], off[256];  // head_dim is at most 256 (decode_attention checks it)
+  const float z = kivi_zero(type);
   for (int64_t g = g0; g < g1; ++g) {
     // Channel j per + k's (s, m) is pair k of the group's record j (convert-inl.h's exact fp16 widening).
     for (int64_t j = 0; j < kKiviGroup; ++j) {
-      const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(group[j] + g * hb, hd));
+      const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(type, group[j] + g * hb, hd));
       int64_t k = 0;
       for (; hn::Lanes(d4) == 4 && k + 2 <= per; k += 2) {  // two pairs per conversion
         HWY_ALIGN float sm[4];
         hn::Store(memtrade::simd::HWY_NAMESPACE::LoadF32(d4, p + 2 * k), d4, sm);
         st[j * per + k] = sm[0];
-        off[j * per + k] = sm[1] + 8.f * sm[0];
+        off[j * per + k] = sm[1] + z * sm[0];
         st[j * per + k + 1] = sm[2];
-        off[j * per + k + 1] = sm[3] + 8.f * sm[2];
+        off[j * per + k + 1] = sm[3] + z * sm[2];
       }
       for (; k < per; ++k) {
         const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k));
         st[j * per + k] = sf;
-        off[j * per + k] = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k + 1)) + 8.f * sf;
+        off[j * per + k] = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k + 1)) + z * sf;
       }
     }
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
@@ -563,9 +605,9 @@ HWY_EXPORT(KiviQueriesImpl);
 
 void decode_unit(const DecodeUnit& u) { HWY_DYNAMIC_DISPATCH(DecodeUnitImpl)(u); }
 
-void kivi_queries(const uint8_t* const* group, int64_t hb, int64_t head_dim, int64_t g0, int64_t g1, int64_t group_heads,
-                  const float* q, float* qg, float* bias) {
-  HWY_DYNAMIC_DISPATCH(KiviQueriesImpl)(group, hb, head_dim, g0, g1, group_heads, q, qg, bias);
+void kivi_queries(KvType type, const uint8_t* const* group, int64_t hb, int64_t head_dim, int64_t g0, int64_t g1,
+                  int64_t group_heads, const float* q, float* qg, float* bias) {
+  HWY_DYNAMIC_DISPATCH(KiviQueriesImpl)(type, group, hb, head_dim, g0, g1, group_heads, q, qg, bias);
 }
 
 }  // namespace memtrade::kvcache::simd

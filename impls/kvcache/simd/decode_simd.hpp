@@ -10,8 +10,9 @@
 // record decoded once for the query heads). Per-record scales (int8, fp8-e4m3, int4) multiply the scores
 // and the softmax weights, not the elements; q8_0 / q4_0 block scales multiply the decoded vectors (a
 // vector lies in one block of 32); int4 codes are decoded in registers like the 8-bit ones (a byte
-// shuffle and a bit-pattern conversion, no fp32 copy of the record). int4-kivi decodes its codes as int4's;
-// its key steps come in the queries and score_bias, its value blocks' (s, m) per decoded vector.
+// shuffle and a bit-pattern conversion, no fp32 copy of the record). int4-kivi decodes its codes as int4's,
+// int2-kivi its 2-bit codes the same way; their key steps come in the queries and score_bias, their value
+// blocks' (s, m) per decoded vector.
 // The order in which a chunk's records are read depends on the storage type. fp32, bf16 and fp16 score
 // block of tokens by block of tokens across the unit's KV heads (each token's K records read front to back, a
 // stream the hardware prefetchers follow), then run the softmax and value pass KV head by KV head. The
@@ -43,21 +44,21 @@ struct DecodeUnit {
   float* o = nullptr;
   float* m = nullptr;
   float* l = nullptr;
-  // false: o, m and l hold the softmax of earlier tokens of the unit (a call per int4-kivi group), which
+  // false: o, m and l hold the softmax of earlier tokens of the unit (a call per KIVI group), which
   // this call continues; true: they start empty.
   bool start = true;
-  // [heads] or nullptr: added to each query head's dot products before qk_scale (int4-kivi: sum_c q_c (m_c +
-  // 8 s_c), with the queries already multiplied by the steps s_c; the records' codes decode as q - 8).
+  // [heads] or nullptr: added to each query head's dot products before qk_scale (KIVI: sum_c q_c (m_c + z s_c),
+  // with the queries already multiplied by the steps s_c; the records' codes decode as q - z, z = kivi_zero).
   const float* score_bias = nullptr;
 };
 
 void decode_unit(const DecodeUnit& u);
 
-// int4-kivi: for KV heads [g0, g1) of a group of kKiviGroup token entries (group[j]: the entry of the group's
-// token j; hb bytes per record), the queries of their query heads (group_heads each; q: [heads x head_dim])
-// multiplied channel by channel by the group's key steps s (into qg, same layout) and the score bias
-// sum_c q_c (m_c + 8 s_c) per query head (into bias[h]).
-void kivi_queries(const uint8_t* const* group, int64_t hb, int64_t head_dim, int64_t g0, int64_t g1, int64_t group_heads,
-                  const float* q, float* qg, float* bias);
+// A KIVI type's (int4-kivi, int2-kivi) keys: for KV heads [g0, g1) of a group of kKiviGroup token entries
+// (group[j]: the entry of the group's token j; hb bytes per record), the queries of their query heads
+// (group_heads each; q: [heads x head_dim]) multiplied channel by channel by the group's key steps s (into qg,
+// same layout) and the score bias sum_c q_c (m_c + z s_c) per query head (into bias[h]; z = kivi_zero(type)).
+void kivi_queries(KvType type, const uint8_t* const* group, int64_t hb, int64_t head_dim, int64_t g0, int64_t g1,
+                  int64_t group_heads, const float* q, float* qg, float* bias);
 
 }  // namespace memtrade::kvcache::simd
