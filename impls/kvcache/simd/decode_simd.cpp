@@ -150,17 +150,6 @@ struct Rec {
     const auto* s = reinterpret_cast<const f16_t*>(r + record_code_bytes(K, hd) + 2 * (i / kKvBlock));
     return hn::Set(DF(), hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(hn::CappedTag<float, 1>(), s)));
   }
-  // KIVI V records: the (s, m + z s) of element i's block, in every lane, for x = (q - z) s + m + z s (z the
-  // zero point, kivi_zero).
-  static HWY_INLINE void kivi_block(const uint8_t* r, int64_t i, int64_t hd, VF& s, VF& off) {
-    // Widened by convert-inl.h (F16C where the target has it; Highway's own promotion makes NaN finite).
-    const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(K, r, hd) + 4 * (i / kKiviGroup));
-    const hn::CappedTag<float, 1> d1;
-    const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p));
-    const float mf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 1));
-    s = hn::Set(DF(), sf);
-    off = hn::Set(DF(), mf + kivi_zero(K) * sf);
-  }
   // One element, scaled by its block's scale (q8_0, q4_0); int4-kivi's come as q - 8 (a key's step is in the
   // query; ValueTail applies a value block's (s, m)).
   static HWY_INLINE float elem(const uint8_t* r, int64_t i, int64_t hd) {
@@ -168,6 +157,30 @@ struct Rec {
   }
   static HWY_INLINE float scale(const uint8_t* r, int64_t hd) { return is_kivi(K) ? 1.f : record_scale(K, r, hd); }
 };
+
+// A KIVI record's head_dim / 32 (s, m) pairs (at most 8) as s[k] and off[k] = m + z s (z = kivi_zero(type)), for
+// x = (q - z) s + m + z s. Widened by convert-inl.h (exact; F16C where the target has it), four pairs per
+// conversion where the target has eight lanes, then two, then one value at a time: nothing past the pairs is
+// read.
+HWY_INLINE void KiviPairs(KvType type, const uint8_t* r, int64_t hd, float* s, float* off) {
+  const int64_t n = 2 * (hd / kKiviGroup);
+  const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(type, r, hd));
+  const hn::CappedTag<float, 8> d8;
+  const hn::CappedTag<float, 4> d4;
+  const hn::CappedTag<float, 1> d1;
+  HWY_ALIGN float sm[16] = {};  // (the loops below write every element read after them)
+  int64_t i = 0;
+  if (hn::Lanes(d8) == 8)
+    for (; i + 8 <= n; i += 8) hn::Store(memtrade::simd::HWY_NAMESPACE::LoadF32(d8, p + i), d8, sm + i);
+  if (hn::Lanes(d4) == 4)
+    for (; i + 4 <= n; i += 4) hn::Store(memtrade::simd::HWY_NAMESPACE::LoadF32(d4, p + i), d4, sm + i);
+  for (; i < n; ++i) sm[i] = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + i));
+  const float z = kivi_zero(type);
+  for (int64_t k = 0; k < n / 2; ++k) {
+    s[k] = sm[2 * k];
+    off[k] = sm[2 * k + 1] + z * sm[2 * k];
+  }
+}
 
 // The lane sums of four vectors at once, out[k] = sum of v[k]'s lanes: two interleave-and-add steps
 // leave each 128-bit block holding [a, b, c, d] partial sums, then the blocks are added (about a third of
@@ -313,13 +326,7 @@ HWY_INLINE void Update(const uint8_t* const* vr, const float* vs, int64_t n, int
   // KIVI: each token's value blocks' s and m + z s, widened once per chunk (not per vector of columns).
   HWY_ALIGN float ks[is_kivi(K) ? T : 1][8], ko[is_kivi(K) ? T : 1][8];
   if constexpr (is_kivi(K))
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
-        VF sv, ov;
-        Rec<K>::kivi_block(vr[t], b * kKiviGroup, hd, sv, ov);
-        ks[t][b] = hn::GetLane(sv);
-        ko[t][b] = hn::GetLane(ov);
-      }
+    for (int64_t t = 0; t < n; ++t) KiviPairs(K, vr[t], hd, ks[t], ko[t]);
   // o = o x corr + sum_t w_t v_t, DB vectors of columns at a time.
   auto columns = [&](auto db, int64_t i) {
     constexpr int DB = decltype(db)::value;
@@ -550,29 +557,10 @@ void KiviQueriesImpl(KvType type, const uint8_t* const* group, int64_t hb, int64
                      const float* q, float* qg, float* bias) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), per = hd / kKiviGroup;
-  const hn::CappedTag<float, 1> d1;
-  const hn::CappedTag<float, 4> d4;  // (the scalar target has one lane: the pairs then go one by one)
   HWY_ALIGN float st[256], off[256];  // head_dim is at most 256 (decode_attention checks it)
-  const float z = kivi_zero(type);
   for (int64_t g = g0; g < g1; ++g) {
-    // Channel j per + k's (s, m) is pair k of the group's record j (convert-inl.h's exact fp16 widening).
-    for (int64_t j = 0; j < kKiviGroup; ++j) {
-      const auto* p = reinterpret_cast<const f16_t*>(kivi_pairs(type, group[j] + g * hb, hd));
-      int64_t k = 0;
-      for (; hn::Lanes(d4) == 4 && k + 2 <= per; k += 2) {  // two pairs per conversion
-        HWY_ALIGN float sm[4];
-        hn::Store(memtrade::simd::HWY_NAMESPACE::LoadF32(d4, p + 2 * k), d4, sm);
-        st[j * per + k] = sm[0];
-        off[j * per + k] = sm[1] + z * sm[0];
-        st[j * per + k + 1] = sm[2];
-        off[j * per + k + 1] = sm[3] + z * sm[2];
-      }
-      for (; k < per; ++k) {
-        const float sf = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k));
-        st[j * per + k] = sf;
-        off[j * per + k] = hn::GetLane(memtrade::simd::HWY_NAMESPACE::LoadF32(d1, p + 2 * k + 1)) + z * sf;
-      }
-    }
+    // Channel j per + k's (s, m) is pair k of the group's record j.
+    for (int64_t j = 0; j < kKiviGroup; ++j) KiviPairs(type, group[j] + g * hb, hd, st + j * per, off + j * per);
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
       const float* qh = q + h * hd;
       float* out = qg + h * hd;
