@@ -972,6 +972,17 @@ TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
   const ResidualModel m2 = residual_model(kivi2);
   EXPECT_EQ(m2.tokens, 171);
   EXPECT_DOUBLE_EQ(m2.per_token, 16.0 / 3.0);
+  // KIVI's R = 128: four times the bytes (64 MiB, 409.6 int4-kivi tokens), entering the pool 128 at a time, at
+  // the same bytes per fp16 token; R must be a multiple of the key group.
+  const ResidualModel m128 = residual_model(kivi, 128);
+  EXPECT_EQ(m128.group, 128);
+  EXPECT_EQ(m128.tokens, 410);
+  EXPECT_DOUBLE_EQ(m128.per_token, 3.2);
+  EXPECT_THROW(residual_model(kivi, 48), Error);
+  EXPECT_THROW(residual_model(kivi, 0), Error);
+  EXPECT_EQ(budget_tokens_of(kivi, int64_t{8} << 30, 16, 4096, 128), 52416);  // the pool is the budget's
+  EXPECT_THROW(budget_tokens_of(kivi, (4096 + 16 + 200) * kivi.token_bytes(), 16, 4096, 128), Error);
+  EXPECT_NO_THROW(budget_tokens_of(kivi, (4096 + 16 + 200) * kivi.token_bytes(), 16, 4096, 32));
   // A budget that holds max_len and a block but not a request's residual as well: an error that says so.
   try {
     budget_tokens_of(kivi, (4096 + 16 + 50) * kivi.token_bytes(), 16, 4096);
@@ -1008,6 +1019,19 @@ TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
   EXPECT_GT(sk.concurrency, s8.concurrency);
   // The residual's reservation is not live data: utilization falls below the same stream's in int4.
   EXPECT_LT(ak.utilization, a4.utilization);
+  // A longer R holds more of every request's budget: fewer Alpaca-like requests run at once.
+  {
+    TraceSpec t = trace_spec("alpaca");
+    t.requests = 300;
+    t.max_len = 1024;
+    const KvShape s{32, 32, 128, KvType::int4_kivi};
+    const int64_t tokens = budget_tokens_of(s, int64_t{2} << 30, 16, t.max_len, 128);
+    PagedCache p(*dev, tiny, 16, tokens / 16);
+    const ServingStats st = simulate(p, true, t, tokens, residual_model(s, 128));
+    EXPECT_EQ(st.finished, t.requests);
+    EXPECT_EQ(p.free_blocks(), p.num_blocks());
+    EXPECT_LT(st.concurrency, ak.concurrency);
+  }
 
   // Tokens enter the pool a whole group at a time: one request of prompt 1 and output 1 (max_len 2), groups
   // of 4, a residual of 1 pool token at 0.5 per fp16 token. After its step the request holds the residual

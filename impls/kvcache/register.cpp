@@ -419,6 +419,7 @@ ClaimResult check_offload_latency(const ClaimSpec& spec, const std::vector<Recor
 struct ServingProblem final : Problem {
   TraceSpec trace;
   int64_t budget_tokens = 0, block = 16;
+  int64_t residual = kKiviGroup;  // the KIVI types' R
   KvShape shape;  // a budget in bytes: the model's KV shape and storage type (layers = 0 for a budget in tokens)
 };
 
@@ -430,13 +431,17 @@ void read_serving_case(const Case& c, ServingProblem& p) {
   p.trace.max_len = c.integer("max_len", 2048);
   p.trace.seed = static_cast<uint64_t>(c.integer("seed", 1));
   p.block = c.integer("block", 16);
+  p.residual = c.integer("residual", kKiviGroup);
   const int64_t tokens = c.integer("budget_tokens", 0), mib = c.integer("budget_mib", 0);
   MT_CHECK((tokens > 0) != (mib > 0), "case " + c.id + ": give the KV budget as budget_tokens or as budget_mib (one of them)");
   if (mib > 0) {
     p.shape = KvShape{c.integer("layers", 32), c.integer("kv_heads", 32), c.integer("head_dim", 128),
                       parse_kv_type(c.text("kv_dtype", "fp16"))};
-    p.budget_tokens = budget_tokens_of(p.shape, mib << 20, p.block, p.trace.max_len);
+    MT_CHECK(p.shape.kivi() || p.residual == kKiviGroup,
+             "case " + c.id + ": residual is KIVI's R (kv_dtype int4-kivi or int2-kivi), not " + kv_type_name(p.shape.type) + "'s");
+    p.budget_tokens = budget_tokens_of(p.shape, mib << 20, p.block, p.trace.max_len, p.residual);
   } else {
+    MT_CHECK(p.residual == kKiviGroup, "case " + c.id + ": residual needs a budget in bytes of a KIVI type (budget_mib, kv_dtype)");
     p.budget_tokens = tokens / p.block * p.block;
     MT_CHECK(p.budget_tokens >= p.trace.max_len + p.block,
              "case " + c.id + ": budget_tokens must hold at least max_len + one block");
@@ -459,7 +464,7 @@ class ServingWorkload final : public Workload {
     std::unique_ptr<KvCache> cache;
     if (paged_) cache = std::make_unique<PagedCache>(dev_, shape, p_.block, p_.budget_tokens / p_.block);
     else cache = std::make_unique<ContiguousCache>(dev_, shape, p_.budget_tokens);
-    s_ = simulate(*cache, paged_, p_.trace, p_.budget_tokens, residual_model(p_.shape));
+    s_ = simulate(*cache, paged_, p_.trace, p_.budget_tokens, residual_model(p_.shape, p_.residual));
   }
   // No numeric output against an oracle: a run that did not finish every request counts as non-finite.
   ErrorStats error() override {
@@ -486,7 +491,7 @@ class ServingWorkload final : public Workload {
     c["decode_tokens_per_step"] = static_cast<double>(s_.decode_tokens) / static_cast<double>(std::max<int64_t>(s_.steps, 1));
     c["kv_budget_tokens"] = static_cast<double>(p_.budget_tokens);
     if (p_.shape.layers > 0) c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
-    if (p_.shape.kivi()) c["kv_residual_tokens"] = static_cast<double>(residual_model(p_.shape).tokens);
+    if (p_.shape.kivi()) c["kv_residual_tokens"] = static_cast<double>(residual_model(p_.shape, p_.residual).tokens);
   }
 
  private:
@@ -676,6 +681,8 @@ void register_technique(Registry& r) {
         int_param("kv_heads", "with budget_mib: its KV heads", 32),
         int_param("head_dim", "with budget_mib: its head dimension", 128),
         int_param("max_len", "the model's longest sequence (what the contiguous cache reserves)", 2048, 2),
+        int_param("residual", "int4-kivi, int2-kivi: KIVI's R, the newest tokens a request keeps in fp16, quantized R at "
+                  "a time (a multiple of 32; simulated: the cache itself keeps 32)", 32, 32),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "the stream", 1, 0),
     };

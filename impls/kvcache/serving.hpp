@@ -17,11 +17,11 @@
 //   concurrency          running requests
 // and the preemptions, finished requests and decode tokens per step.
 //
-// A storage type that keeps each request's newest tokens apart (int4-kivi: the incomplete group of
-// kKiviGroup tokens in fp16, KIVI's full-precision residual) is simulated by its ResidualModel: a request
-// holds the residual's bytes in pool tokens from admission to release, and a token enters the pool only
-// when its group completes (then the whole group does); the tokens in the residual count as live at the
-// residual's bytes per token.
+// A storage type that keeps each request's newest tokens apart (the KIVI types: up to R tokens in fp16,
+// KIVI's full-precision residual, quantized R at a time; the cache itself keeps R = kKiviGroup, the incomplete
+// group) is simulated by its ResidualModel: a request holds the residual's bytes in pool tokens from
+// admission to release, and a token enters the pool only when its run of R completes (then the whole run
+// does); the tokens in the residual count as live at the residual's bytes per token.
 #pragma once
 
 #include <cstdint>
@@ -46,16 +46,19 @@ struct ServingStats {
 
 // How a storage type's per-request residual maps onto the pool's tokens (group = 1, tokens = 0: none).
 struct ResidualModel {
-  int64_t group = 1;    // tokens enter the pool in whole groups
+  int64_t group = 1;    // tokens enter the pool in whole groups (R)
   int64_t tokens = 0;   // pool tokens a running request holds for its residual (its bytes, rounded up)
   double per_token = 0; // a residual token's bytes in pool tokens (fp16 against the storage type)
 };
-ResidualModel residual_model(const KvShape& s);
+// residual: R, a positive multiple of kKiviGroup (Error otherwise); ignored by the types without a residual.
+ResidualModel residual_model(const KvShape& s, int64_t residual = kKiviGroup);
 
 // The tokens a KV budget of budget_bytes holds when each token takes s.token_bytes() (K and V of every
 // layer, scales included), rounded down to whole blocks of `block` tokens: what a budget in bytes means for
-// each storage type. Error when that is not at least max_len tokens, one request's residual and one block.
-int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len);
+// each storage type. Error when that is not at least max_len tokens, one request's residual (of R =
+// residual tokens) and one block.
+int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len,
+                         int64_t residual = kKiviGroup);
 
 // Runs the trace to completion on `cache` (empty, with room for `budget_tokens` tokens: the paged cache's
 // pool, or the pool capacity the contiguous cache allocates from).
