@@ -42,81 +42,59 @@ template <KvType K>
 constexpr int kDB = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 4 : kWideRecord<K> ? 3 : 2;
 constexpr int kJB = 4;  // query heads per register block
 
-// Elements i .. i + Lanes - 1 (i a multiple of Lanes) of an int4 record's codes, less 8, as exact floats:
-// element 2j is the low nibble of byte j, 2j + 1 the high one. The Lanes / 2 bytes, copied into every 64-bit
-// lane, go one to each pair of 32-bit lanes by a byte shuffle (within each 128-bit block); an even lane
-// keeps the low nibble ORed into the mantissa of 2^23, an odd lane the high nibble in bits 4..7 under the
-// exponent of 2^19, where those bits weigh 1, and one subtraction of 2^23 + 8 or 2^19 + 8 leaves q - 8. Only
-// the element's own bytes are read (the last vector of a record ends at its codes).
-HWY_INLINE VF Int4(const uint8_t* r, int64_t i) {
-  const DF df;
-#if HWY_TARGET == HWY_SCALAR
-  return hn::Set(df, record_value(KvType::int4, r, i));
-#else
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df));
-  static_assert(N >= 4 && N <= 16, "one to four 128-bit blocks of floats");
-  const hn::Repartition<uint64_t, DF> d64;
-  const hn::Repartition<uint8_t, DF> d8;
-  const hn::RebindToUnsigned<DF> du;
-  uint64_t bytes = 0;
-  std::memcpy(&bytes, r + i / 2, N / 2);
-  // Byte j / 2 into the low byte of 32-bit lane j, zeros above (index bit 7 set).
-  alignas(64) static constexpr uint8_t kIdx[64] = {
-      0, 128, 128, 128, 0, 128, 128, 128, 1, 128, 128, 128, 1, 128, 128, 128,
-      2, 128, 128, 128, 2, 128, 128, 128, 3, 128, 128, 128, 3, 128, 128, 128,
-      4, 128, 128, 128, 4, 128, 128, 128, 5, 128, 128, 128, 5, 128, 128, 128,
-      6, 128, 128, 128, 6, 128, 128, 128, 7, 128, 128, 128, 7, 128, 128, 128};
-  alignas(64) static constexpr uint32_t kMask[16] = {0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0,
-                                                     0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0, 0x0F, 0xF0};
-  alignas(64) static constexpr uint32_t kExp[16] = {0x4B000000, 0x49000000, 0x4B000000, 0x49000000, 0x4B000000, 0x49000000,
-                                                    0x4B000000, 0x49000000, 0x4B000000, 0x49000000, 0x4B000000, 0x49000000,
-                                                    0x4B000000, 0x49000000, 0x4B000000, 0x49000000};
-  alignas(64) static constexpr float kZero[16] = {0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8,
-                                                  0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8,
-                                                  0x1p23f + 8, 0x1p19f + 8, 0x1p23f + 8, 0x1p19f + 8};
-  // Lane j's byte j / 2 is byte 2b + k / 2 of block b = j / 4 (k = j % 4), which holds all the bytes.
-  const auto src = hn::BitCast(d8, hn::Set(d64, bytes));
-  const auto lanes = hn::BitCast(du, hn::TableLookupBytesOr0(src, hn::Load(d8, kIdx)));
-  const auto bits = hn::OrAnd(hn::Load(du, kExp), lanes, hn::Load(du, kMask));
-  return hn::Sub(hn::BitCast(df, bits), hn::Load(df, kZero));
-#endif
+// The constants of SubByte<B>'s decode, lane j of 16 (k = j % per, per = 8 / B codes a byte): the index of
+// its byte (j / per) in the low byte of the 32-bit lane, zeros above (index bit 7 set); its code's bits
+// (B k .. B k + B - 1); the exponent of 2^(23 - B k), under which those bits weigh 1, 2, ...; and 2^(23 - B k)
+// + z, z = 2^(B - 1).
+template <int B>
+struct CodeTables {
+  alignas(64) uint8_t idx[64];
+  alignas(64) uint32_t mask[16];
+  alignas(64) uint32_t exp[16];
+  alignas(64) float zero[16];
+};
+template <int B>
+constexpr CodeTables<B> MakeCodeTables() {
+  constexpr int per = 8 / B;
+  CodeTables<B> t{};
+  for (int j = 0; j < 16; ++j) {
+    const int k = j % per;
+    t.idx[4 * j] = static_cast<uint8_t>(j / per);
+    t.idx[4 * j + 1] = t.idx[4 * j + 2] = t.idx[4 * j + 3] = 128;
+    t.mask[j] = ((1u << B) - 1u) << (B * k);
+    t.exp[j] = static_cast<uint32_t>(127 + 23 - B * k) << 23;
+    t.zero[j] = static_cast<float>(1 << (23 - B * k)) + static_cast<float>(1 << (B - 1));
+  }
+  return t;
 }
+template <int B>
+inline constexpr CodeTables<B> kCodeTables = MakeCodeTables<B>();
 
-// Elements i .. i + Lanes - 1 (i a multiple of Lanes) of an int2-kivi record's codes, less 2, as exact floats:
-// element 4j + k is bits 2k, 2k + 1 of byte j. Int4's method with four lanes to a byte: the Lanes / 4 bytes,
-// copied into every 64-bit lane, go one to each group of four 32-bit lanes (each 128-bit block's lanes take
-// the same byte), lane k of the four keeps bits 2k, 2k + 1 ORed into the mantissa of 2^(23 - 2k), where
-// they weigh 1 and 2, and one subtraction of 2^(23 - 2k) + 2 leaves q - 2.
-HWY_INLINE VF Int2(const uint8_t* r, int64_t i) {
+// Elements i .. i + Lanes - 1 (i a multiple of Lanes) of a record of B-bit codes (4: int4, q4_0, int4-kivi,
+// element 2j in the low nibble of byte j; 2: int2-kivi, element 4j + k in bits 2k, 2k + 1 of byte j), less
+// z = 2^(B - 1), as exact floats. The Lanes / per bytes (per = 8 / B), copied into every 64-bit lane, go one
+// to each run of per 32-bit lanes by a byte shuffle (within each 128-bit block, which holds all of them); lane
+// k of a run keeps its code's bits ORed into the mantissa of 2^(23 - B k), where they weigh 1, 2, ..., and
+// one subtraction of 2^(23 - B k) + z leaves q - z. Only the element's own bytes are read (the last vector
+// of a record ends at its codes).
+template <int B>
+HWY_INLINE VF SubByte(const uint8_t* r, int64_t i) {
   const DF df;
 #if HWY_TARGET == HWY_SCALAR
-  return hn::Set(df, record_value(KvType::int2_kivi, r, i));
+  return hn::Set(df, record_value(B == 4 ? KvType::int4 : KvType::int2_kivi, r, i));
 #else
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df));
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(df)), per = 8 / B;
   static_assert(N >= 4 && N <= 16, "one to four 128-bit blocks of floats");
   const hn::Repartition<uint64_t, DF> d64;
   const hn::Repartition<uint8_t, DF> d8;
   const hn::RebindToUnsigned<DF> du;
+  const CodeTables<B>& c = kCodeTables<B>;
   uint64_t bytes = 0;
-  std::memcpy(&bytes, r + i / 4, N / 4);
-  // Byte b of the 8 copied into the low byte of each 32-bit lane of block b, zeros above (index bit 7 set).
-  alignas(64) static constexpr uint8_t kIdx[64] = {
-      0, 128, 128, 128, 0, 128, 128, 128, 0, 128, 128, 128, 0, 128, 128, 128,
-      1, 128, 128, 128, 1, 128, 128, 128, 1, 128, 128, 128, 1, 128, 128, 128,
-      2, 128, 128, 128, 2, 128, 128, 128, 2, 128, 128, 128, 2, 128, 128, 128,
-      3, 128, 128, 128, 3, 128, 128, 128, 3, 128, 128, 128, 3, 128, 128, 128};
-  alignas(64) static constexpr uint32_t kMask[16] = {0x03, 0x0C, 0x30, 0xC0, 0x03, 0x0C, 0x30, 0xC0,
-                                                     0x03, 0x0C, 0x30, 0xC0, 0x03, 0x0C, 0x30, 0xC0};
-  alignas(64) static constexpr uint32_t kExp[16] = {0x4B000000, 0x4A000000, 0x49000000, 0x48000000, 0x4B000000, 0x4A000000,
-                                                    0x49000000, 0x48000000, 0x4B000000, 0x4A000000, 0x49000000, 0x48000000,
-                                                    0x4B000000, 0x4A000000, 0x49000000, 0x48000000};
-  alignas(64) static constexpr float kZero[16] = {0x1p23f + 2, 0x1p21f + 2, 0x1p19f + 2, 0x1p17f + 2, 0x1p23f + 2, 0x1p21f + 2,
-                                                  0x1p19f + 2, 0x1p17f + 2, 0x1p23f + 2, 0x1p21f + 2, 0x1p19f + 2, 0x1p17f + 2,
-                                                  0x1p23f + 2, 0x1p21f + 2, 0x1p19f + 2, 0x1p17f + 2};
+  std::memcpy(&bytes, r + i / per, N / per);
   const auto src = hn::BitCast(d8, hn::Set(d64, bytes));
-  const auto lanes = hn::BitCast(du, hn::TableLookupBytesOr0(src, hn::Load(d8, kIdx)));
-  const auto bits = hn::OrAnd(hn::Load(du, kExp), lanes, hn::Load(du, kMask));
-  return hn::Sub(hn::BitCast(df, bits), hn::Load(df, kZero));
+  const auto lanes = hn::BitCast(du, hn::TableLookupBytesOr0(src, hn::Load(d8, c.idx)));
+  const auto bits = hn::OrAnd(hn::Load(du, c.exp), lanes, hn::Load(du, c.mask));
+  return hn::Sub(hn::BitCast(df, bits), hn::Load(df, c.zero));
 #endif
 }
 
@@ -136,8 +114,8 @@ struct Rec {
     }
     else if constexpr (K == KvType::f16) return memtrade::simd::HWY_NAMESPACE::LoadF32(reinterpret_cast<const f16_t*>(r) + i);
     else if constexpr (K == KvType::int8) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
-    else if constexpr (K == KvType::int4 || K == KvType::q4_0 || K == KvType::int4_kivi) return Int4(r, i);
-    else if constexpr (K == KvType::int2_kivi) return Int2(r, i);
+    else if constexpr (K == KvType::int4 || K == KvType::q4_0 || K == KvType::int4_kivi) return SubByte<4>(r, i);
+    else if constexpr (K == KvType::int2_kivi) return SubByte<2>(r, i);
     else if constexpr (K == KvType::q8_0) return quant::simd::HWY_NAMESPACE::decode8<quant::Format::int8>(r + i);
     else if constexpr (K == KvType::fp8_e5m2)  // a NaN input's NaN code stays NaN (an infinite one saturated)
       return quant::simd::HWY_NAMESPACE::decode8<quant::Format::fp8_e5m2, true>(r + i);
