@@ -81,6 +81,7 @@
 #include <string>
 #include <vector>
 
+#include "common/common.hpp"
 #include "harness/device.hpp"
 
 namespace memtrade::kvcache {
@@ -90,6 +91,8 @@ const char* kv_type_name(KvType t);
 // "fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "int4", "int4-smooth", "q8_0", "q4_0",
 // "fp8-e5m2", "int4-kivi", "int2-kivi"; Error otherwise
 KvType parse_kv_type(const std::string& s);
+// The KIVI types (int4-kivi, int2-kivi): keys per channel over groups, values per token, a per-request residual.
+MT_HD constexpr bool is_kivi(KvType t) { return t == KvType::int4_kivi || t == KvType::int2_kivi; }
 
 // The KIVI types (int4-kivi, int2-kivi): tokens per key group (and the length of the fp16 residual of the
 // incomplete group), channels per value block.
@@ -136,8 +139,7 @@ struct KvShape {
     return type == KvType::int8 || type == KvType::fp8_e4m3 || type == KvType::int4 || type == KvType::int4_smooth;
   }
   bool blocked() const { return type == KvType::q8_0 || type == KvType::q4_0; }  // an fp16 scale per 32 elements
-  // int4-kivi, int2-kivi: (s, m) fp16 pairs, head_dim / 32 of them, and a per-request residual
-  bool kivi() const { return type == KvType::int4_kivi || type == KvType::int2_kivi; }
+  bool kivi() const { return is_kivi(type); }  // (s, m) fp16 pairs, head_dim / 32 of them, and a residual
   int64_t head_bytes() const {
     return head_dim * elem_bits() / 8 + (scaled() ? 4 : 0) + (blocked() ? head_dim / 16 : 0) + (kivi() ? head_dim / 8 : 0);
   }

@@ -32,7 +32,6 @@ MT_HD T record_load(const uint8_t* r, int64_t i) {
 // int4-kivi and int2-kivi: KIVI's asymmetric codes of 4 or 2 bits. A value is m + s q for the code q in
 // [0, 2^bits); record_value gives q less the zero point z = 2^(bits - 1), as int4's decode does, so that the
 // value is m + s (record_value + z) and the kernels share the symmetric types' code decode.
-MT_HD constexpr bool is_kivi(KvType t) { return t == KvType::int4_kivi || t == KvType::int2_kivi; }
 MT_HD constexpr float kivi_zero(KvType t) { return t == KvType::int2_kivi ? 2.f : 8.f; }
 
 // The value of one element code, unscaled: the fp32 bits, bf16 or fp16 bits, the int8 code (int8, q8_0),
