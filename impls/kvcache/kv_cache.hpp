@@ -145,9 +145,10 @@ struct KvShape {
   }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
-  // The KIVI types: one request's residual area (fp16 K and V of kKiviGroup tokens at every layer); 0 otherwise.
+  // The KIVI types: one request's residual area, fp16 K and V of `tokens` tokens at every layer (the cache keeps
+  // kKiviGroup; the serving simulation models other lengths); 0 otherwise.
   int64_t residual_entry_bytes() const { return 2 * kv_heads * head_dim * 2; }
-  int64_t residual_bytes() const { return kivi() ? layers * kKiviGroup * residual_entry_bytes() : 0; }
+  int64_t residual_bytes(int64_t tokens = kKiviGroup) const { return kivi() ? layers * tokens * residual_entry_bytes() : 0; }
 };
 
 // One head vector to and from its record; sc is the shape's record_scales() for the record's (layer, K or

@@ -599,9 +599,9 @@ void add_offload(Technique& t, const char* length, const char* description) {
                          [](const P& p, Device& d) { return std::make_unique<W>(p, true, d, true); });
   const std::string key = length;
   i.not_applicable = [key](const Case& c) {
-    const std::string kv = c.text("kv_dtype", "");
-    if (kv == "int4-kivi" || kv == "int2-kivi")
-      return kv + " does not offload (a completing group rewrites records that may be cold)";
+    const KvType kv = parse_kv_type(c.text("kv_dtype"));  // (validated before)
+    if (is_kivi(kv))
+      return std::string(kv_type_name(kv)) + " does not offload (a completing group rewrites records that may be cold)";
     const int64_t block = c.integer("block", 16), hot = (c.integer("hot_tokens", 256) + block - 1) / block * block;
     return c.integer(key) <= hot ? std::string("the sequence fits the hot window (whole blocks): nothing to offload")
                                  : std::string();

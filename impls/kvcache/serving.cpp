@@ -26,8 +26,7 @@ ResidualModel residual_model(const KvShape& s, int64_t residual) {
                std::to_string(kKiviGroup) + ", the key group)");
   if (!s.kivi()) return {};
   s.validate();
-  // fp16 K and V of R tokens at every layer (KvShape::residual_bytes() is R = kKiviGroup's).
-  const int64_t tb = s.token_bytes(), bytes = s.layers * residual * s.residual_entry_bytes();
+  const int64_t tb = s.token_bytes(), bytes = s.residual_bytes(residual);
   return {residual, (bytes + tb - 1) / tb, static_cast<double>(bytes) / static_cast<double>(residual) / static_cast<double>(tb)};
 }
 
