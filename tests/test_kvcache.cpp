@@ -240,22 +240,30 @@ float f16r(float x) { return to_float(to_f16(x)); }
 }  // namespace
 
 TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16) {
-  for (const KvType type : {KvType::int4_kivi, KvType::int2_kivi}) {
-    SCOPED_TRACE(kv_type_name(type));
+  for (const KvType type : {KvType::int4_kivi, KvType::int2_kivi})
+  for (const int64_t R : {int64_t{32}, int64_t{128}}) {  // KIVI's residual length: one group, or four
+    SCOPED_TRACE(std::string(kv_type_name(type)) + " R=" + std::to_string(R));
     auto dev = make_cpu_device();
-    const KvShape s{2, 2, 64, type};
+    KvShape s{2, 2, 64, type};
+    s.residual = R;
     const int bits = type == KvType::int2_kivi ? 2 : 4;
     const double top = (1 << bits) - 1;
     EXPECT_EQ(s.head_bytes(), 64 * bits / 8 + 64 / 8);  // the codes, then two (s, m) fp16 pairs
-    const int64_t len = 75;                             // two groups and 11 tokens of the third
+    const int64_t len = 3 * R - 21;                     // two residuals quantized, R - 21 tokens in the third
     const KiviInputs in = kivi_inputs(s, len, 3);
     ContiguousCache c(*dev, s);
-    const int64_t r = c.add(len);
+    PagedCache pc(*dev, s, 16, (len + 15) / 16);
+    const int64_t r = c.add(len), pcr = pc.add(len);
     for (int64_t p = 0; p < len; ++p) {
       ASSERT_TRUE(c.append(r));
-      for (int64_t l = 0; l < s.layers; ++l) c.write_token(r, l, p, in.k[p].data(), in.v[p].data());
+      ASSERT_TRUE(pc.append(pcr));
+      for (int64_t l = 0; l < s.layers; ++l) {
+        c.write_token(r, l, p, in.k[p].data(), in.v[p].data());
+        pc.write_token(pcr, l, p, in.k[p].data(), in.v[p].data());
+      }
+      ASSERT_EQ(c.quantized_length(r), (p + 1) / R * R) << "a residual is quantized when its R tokens are in";
     }
-    EXPECT_EQ(c.quantized_length(r), 64);
+    EXPECT_EQ(c.quantized_length(r), 2 * R);
     const int64_t n = s.kv_heads * s.head_dim;
     std::vector<float> k(n), v(n);
     double worst_k = 0, worst_v = 0;
@@ -263,7 +271,7 @@ TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16)
       for (int64_t p = 0; p < len; ++p) {
         c.read_token(r, l, p, k.data(), v.data());
         for (int64_t i = 0; i < n; ++i) {
-          if (p >= 64) {  // the residual: fp16 of the input
+          if (p >= 2 * R) {  // the residual: fp16 of the input
             ASSERT_EQ(k[i], f16r(in.k[p][i])) << p << " " << i;
             ASSERT_EQ(v[i], f16r(in.v[p][i])) << p << " " << i;
             continue;
@@ -288,18 +296,24 @@ TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16)
     EXPECT_GT(worst_k, 0.3);  // the codes are used: errors reach near half a step
     EXPECT_GT(worst_v, 0.3);
     // The kernel at head_dim 64 (two pairs per record; the other kernel tests take 32, one pair) against the
-    // float64 kernel over the same stored values, on every SIMD target.
+    // float64 kernel over the same stored values, on every SIMD target; splits of 32 and 48 tokens (one that
+    // cuts the residual and the groups elsewhere than their edges), and the paged cache's output bit for bit
+    // the contiguous one's.
     test::for_each_simd_target([&](int64_t) {
       const int64_t heads = 6;
       const auto q = normals(heads * s.head_dim, 12);
-      std::vector<float> o(q.size());
+      std::vector<float> o(q.size()), po(q.size());
       std::vector<double> ref(q.size());
-      for (int64_t l = 0; l < s.layers; ++l) {
-        decode_attention(c, std::vector<int64_t>{r}, l, q.data(), heads, o.data(), 32);
-        decode_attention_ref(c, r, l, q.data(), heads, ref.data());
-        EXPECT_LE(error_stats(std::vector<double>(o.begin(), o.end()), ref).rel_l2, 2.0 * (s.head_dim + len + 8) * std::ldexp(1.0, -24))
-            << "layer " << l;
-      }
+      for (int64_t l = 0; l < s.layers; ++l)
+        for (const int64_t split : {int64_t{32}, int64_t{48}}) {
+          decode_attention(c, std::vector<int64_t>{r}, l, q.data(), heads, o.data(), split);
+          decode_attention(pc, std::vector<int64_t>{pcr}, l, q.data(), heads, po.data(), split);
+          decode_attention_ref(c, r, l, q.data(), heads, ref.data());
+          EXPECT_LE(error_stats(std::vector<double>(o.begin(), o.end()), ref).rel_l2,
+                    2.0 * (s.head_dim + len + 8) * std::ldexp(1.0, -24))
+              << "layer " << l << " split " << split;
+          EXPECT_EQ(std::memcmp(o.data(), po.data(), o.size() * 4), 0) << "layer " << l << " split " << split;
+        }
     });
     // A write out of order, record-by-record encoding, offload and a head size that is not a multiple of 32
     // are refused.
@@ -315,15 +329,25 @@ TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16)
     p.write_token(pr, 0, 0, in.k[0].data(), in.v[0].data());
     p.write_token(pr, 1, 0, in.k[0].data(), in.v[0].data());
     EXPECT_THROW(plan_decode(p, std::vector<int64_t>{pr}, 0, 4), Error);  // no CUDA kernel
-    // The residual is the request's and is counted: one group of fp16 K and V at every layer.
-    EXPECT_EQ(s.residual_bytes(), s.layers * 32 * 2 * s.kv_heads * s.head_dim * 2);
+    // The residual is the request's and is counted: R tokens of fp16 K and V at every layer.
+    EXPECT_EQ(s.residual_bytes(), s.layers * R * 2 * s.kv_heads * s.head_dim * 2);
     EXPECT_EQ(c.reserved_bytes(), len * s.token_bytes() + s.residual_bytes());
     EXPECT_EQ(p.reserved_bytes(), p.block_bytes() + s.residual_bytes());
     EXPECT_EQ(static_cast<int64_t>(dev->memory().by_tag(Tag::kv).live),
-              c.reserved_bytes() + p.num_blocks() * p.block_bytes() + s.residual_bytes());  // the whole pool is held
+              c.reserved_bytes() + p.num_blocks() * p.block_bytes() + s.residual_bytes() +
+                  pc.num_blocks() * pc.block_bytes() + s.residual_bytes());  // the whole pools are held
     c.release(r);
     EXPECT_EQ(c.reserved_bytes(), 0);
   }
+  // R is a positive multiple of the 32-token key group, and only the KIVI types keep one.
+  for (const int64_t R : {int64_t{0}, int64_t{48}, int64_t{-32}}) {
+    KvShape bad{1, 1, 64, KvType::int4_kivi};
+    bad.residual = R;
+    EXPECT_THROW(bad.validate(), Error) << R;
+  }
+  KvShape int8{1, 1, 64, KvType::int8};
+  int8.residual = 64;
+  EXPECT_THROW(int8.validate(), Error);
 }
 
 TEST(KvKivi, AKeyOutlierChannelSetsOnlyItsOwnStepAndNonFiniteInputsStayInTheirChannelOrBlock) {
@@ -378,11 +402,14 @@ TEST(KvKivi, AKeyOutlierChannelSetsOnlyItsOwnStepAndNonFiniteInputsStayInTheirCh
 }
 
 TEST(KvKivi, AForkInsideAGroupKeepsEachRequestsOwnTokens) {
-  // Blocks of 5 tokens (a group spans seven of them); request a of 40 tokens (8 in its incomplete group) is
-  // forked, then both grow to 70 with tokens of their own: each reads back what a contiguous cache holding
-  // its own tokens reads, bit for bit, and no block leaks.
+  // Blocks of 5 tokens (a group spans seven of them); request a of 40 tokens (8 in its residual at R = 32,
+  // all 40 at R = 64) is forked, then both grow to 70 with tokens of their own: each reads back what a
+  // contiguous cache holding its own tokens reads, bit for bit, and no block leaks.
+  for (const int64_t R : {int64_t{32}, int64_t{64}}) {
+  SCOPED_TRACE("R=" + std::to_string(R));
   auto dev = make_cpu_device();
-  const KvShape s{2, 2, 32, KvType::int4_kivi};
+  KvShape s{2, 2, 32, KvType::int4_kivi};
+  s.residual = R;
   PagedCache p(*dev, s, 5, 100);
   ContiguousCache ca(*dev, s), cf(*dev, s);
   const KiviInputs a = kivi_inputs(s, 70, 1), f = kivi_inputs(s, 70, 2);
@@ -399,7 +426,8 @@ TEST(KvKivi, AForkInsideAGroupKeepsEachRequestsOwnTokens) {
   const int64_t free_before = p.free_blocks();
   const int64_t rf = p.fork(ra);
   ASSERT_GE(rf, 0);
-  EXPECT_EQ(free_before - p.free_blocks(), 2) << "the blocks holding positions 32..39 are the fork's own copies";
+  EXPECT_EQ(free_before - p.free_blocks(), R == 32 ? 2 : 8)
+      << "the blocks holding the residual's positions (32..39, or 0..39) are the fork's own copies";
   for (int64_t t = 40; t < 70; ++t) {
     put(p, ra, a, t);
     put(ca, rca, a, t);
@@ -423,6 +451,7 @@ TEST(KvKivi, AForkInsideAGroupKeepsEachRequestsOwnTokens) {
   p.release(rf);
   EXPECT_EQ(p.free_blocks(), p.num_blocks());
   EXPECT_EQ(p.reserved_bytes(), 0);
+  }
 }
 
 TEST(PagedCache, RandomOperationsNeverLeakOrDoubleFreeBlocks) {

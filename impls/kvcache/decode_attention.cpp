@@ -66,7 +66,7 @@ namespace {
 // queries q), whose entries are tokens[0 ..): the complete groups' records one group at a time, with the
 // queries multiplied channel by channel by the group's key steps s (qg: heads x head_dim floats) and the score
 // bias sum_c q_c (m_c + z s_c) (z the zero point, kivi_zero; bias: heads floats), then the residual's fp16
-// tokens of the incomplete group.
+// tokens (those after the last complete residual).
 // One online softmax runs through all of it (DecodeUnit::start).
 void kivi_unit(const KvCache& c, int64_t req, int64_t layer, int64_t from, int64_t to, const uint8_t* const* tokens,
                simd::DecodeUnit du, const float* q, float* qg, float* bias) {
@@ -88,19 +88,21 @@ void kivi_unit(const KvCache& c, int64_t req, int64_t layer, int64_t from, int64
     du.start = false;
     p = end;
   }
-  if (to <= nq) return;
+  // The residual's tokens, kKiviGroup at a time.
   const uint8_t* res = c.residual(req, layer);
   const uint8_t* rt[kKiviGroup];
-  const int64_t r0 = std::max(from, nq);
-  for (int64_t p = r0; p < to; ++p) rt[p - r0] = res + (p % kKiviGroup) * s.residual_entry_bytes();
   du.type = KvType::f16;
   du.head_bytes = 2 * hd;
   du.q = q;
   du.score_bias = nullptr;
   du.tokens = rt;
-  du.count = to - r0;
   du.lookahead = 0;
-  simd::decode_unit(du);
+  for (int64_t r0 = std::max(from, nq); r0 < to; r0 += du.count) {
+    du.count = std::min(to - r0, kKiviGroup);
+    for (int64_t i = 0; i < du.count; ++i) rt[i] = res + ((r0 + i) % s.residual) * s.residual_entry_bytes();
+    simd::decode_unit(du);
+    du.start = false;
+  }
 }
 
 }  // namespace

@@ -52,6 +52,11 @@ void KvShape::validate() const {
            std::string("kv cache: ") + kv_type_name(type) +
                " keeps head_dim / 32 channels' key parameters in each record of a group of 32 tokens, so head_dim must be "
                "a multiple of 32 (got " + std::to_string(head_dim) + ")");
+  MT_CHECK(kivi() ? residual > 0 && residual % kKiviGroup == 0 : residual == kKiviGroup,
+           std::string("kv cache: ") +
+               (kivi() ? "KIVI's residual R must be a positive multiple of the key group's 32 tokens"
+                       : std::string(kv_type_name(type)) + " keeps no fp16 residual, so residual must stay 32") +
+               " (got " + std::to_string(residual) + ")");
   MT_CHECK(!blocked() || head_dim % kKvBlock == 0, std::string("kv cache: ") + kv_type_name(type) +
                                                       " scales blocks of 32 values, so head_dim must be a multiple of 32 (got " +
                                                       std::to_string(head_dim) + ")");
@@ -264,7 +269,7 @@ const uint8_t* KvCache::residual(int64_t req, int64_t layer) const {
   MT_CHECK(shape_.kivi() && req >= 0 && req < static_cast<int64_t>(residual_.size()) && residual_[req].bytes() > 0 &&
                layer >= 0 && layer < shape_.layers,
            "kv cache: request " + std::to_string(req) + " has no KIVI residual at layer " + std::to_string(layer));
-  return residual_[req].as<uint8_t>() + layer * kKiviGroup * shape_.residual_entry_bytes();
+  return residual_[req].as<uint8_t>() + layer * shape_.residual * shape_.residual_entry_bytes();
 }
 
 void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v) {
@@ -282,34 +287,36 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
            std::string("kv cache: ") + kv_type_name(shape_.type) + " tokens are written in order, each as the request's last");
   // The token into the residual, its records zero until the group completes.
   auto* res = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(residual(req, layer)));
-  const int64_t slot = pos % kKiviGroup, per = 2 * kvh * hd;
+  const int64_t R = shape_.residual, slot = pos % R, per = 2 * kvh * hd;
   for (int64_t i = 0; i < kvh * hd; ++i) {
     res[slot * per + i] = to_f16(k[i]).bits;
     res[slot * per + kvh * hd + i] = to_f16(v[i]).bits;
   }
   std::memset(e, 0, static_cast<std::size_t>(shape_.entry_bytes()));
-  if (slot != kKiviGroup - 1) return;
-  // The group is complete: its records from the residual's fp16 values.
-  const int64_t first = pos - slot, c = hd / kKiviGroup;
-  uint8_t* recs[kKiviGroup];
-  for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = entry(req, layer, first + j);
+  if (slot != R - 1) return;
+  // The residual is complete: the records of its groups from its fp16 values.
   const KvType t = shape_.type;
   const int bits = static_cast<int>(shape_.elem_bits());
   const float top = static_cast<float>((1 << bits) - 1);
+  const int64_t c = hd / kKiviGroup;
+  uint8_t* recs[kKiviGroup];
   uint8_t codes[kKiviGroup];
-  for (int64_t h = 0; h < kvh; ++h) {
-    for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
-      const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, top, codes);
-      for (int64_t j = 0; j < kKiviGroup; ++j) put_code(bits, recs[j] + h * hb, ch, codes[j]);
-      put_pair(t, recs[ch / c] + h * hb, hd, ch % c, st);
-    }
-    for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
-      for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
-        const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
-        uint8_t* r = recs[j] + (kvh + h) * hb;
-        for (int64_t i = 0; i < kKiviGroup; ++i) put_code(bits, r, b * kKiviGroup + i, codes[i]);
-        put_pair(t, r, hd, b, st);
+  for (int64_t first = pos - slot; first <= pos; first += kKiviGroup, res += kKiviGroup * per) {
+    for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = entry(req, layer, first + j);
+    for (int64_t h = 0; h < kvh; ++h) {
+      for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
+        const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, top, codes);
+        for (int64_t j = 0; j < kKiviGroup; ++j) put_code(bits, recs[j] + h * hb, ch, codes[j]);
+        put_pair(t, recs[ch / c] + h * hb, hd, ch % c, st);
       }
+      for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
+        for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
+          const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
+          uint8_t* r = recs[j] + (kvh + h) * hb;
+          for (int64_t i = 0; i < kKiviGroup; ++i) put_code(bits, r, b * kKiviGroup + i, codes[i]);
+          put_pair(t, r, hd, b, st);
+        }
+    }
   }
 }
 
@@ -317,7 +324,7 @@ void KvCache::read_token(int64_t req, int64_t layer, int64_t pos, float* k, floa
   const int64_t hd = shape_.head_dim, kvh = shape_.kv_heads, hb = shape_.head_bytes();
   MT_CHECK(pos >= 0 && pos < length(req), "kv cache: read_token out of range");
   if (shape_.kivi() && pos >= quantized_length(req)) {
-    const auto* res = reinterpret_cast<const uint16_t*>(residual(req, layer)) + (pos % kKiviGroup) * 2 * kvh * hd;
+    const auto* res = reinterpret_cast<const uint16_t*>(residual(req, layer)) + (pos % shape_.residual) * 2 * kvh * hd;
     for (int64_t i = 0; i < kvh * hd; ++i) {
       k[i] = half_bits_to_float(res[i]);
       v[i] = half_bits_to_float(res[kvh * hd + i]);
@@ -537,10 +544,10 @@ int32_t PagedCache::copy_block(int32_t from, int64_t tokens) {
 
 int64_t PagedCache::fork(int64_t req) {
   Req copy = at(req);
-  // The KIVI types: completing the incomplete group rewrites its records, so the blocks that hold any of its
+  // The KIVI types: completing the residual rewrites its tokens' records, so the blocks that hold any of its
   // positions are the fork's own copies from the start (-1 when the pool cannot give them).
   std::vector<int32_t> own;
-  if (shape_.kivi() && copy.len % kKiviGroup != 0) {
+  if (quantized_length(req) != copy.len) {
     for (int64_t i = quantized_length(req) / block_tokens_; i < static_cast<int64_t>(copy.table.size()); ++i) {
       const int32_t b = copy_block(copy.table[i], block_tokens_);
       if (b < 0) {

@@ -94,8 +94,8 @@ KvType parse_kv_type(const std::string& s);
 // The KIVI types (int4-kivi, int2-kivi): keys per channel over groups, values per token, a per-request residual.
 MT_HD constexpr bool is_kivi(KvType t) { return t == KvType::int4_kivi || t == KvType::int2_kivi; }
 
-// The KIVI types (int4-kivi, int2-kivi): tokens per key group (and the length of the fp16 residual of the
-// incomplete group), channels per value block.
+// The KIVI types (int4-kivi, int2-kivi): tokens per key group, channels per value block, and the default (and
+// shortest) length of the fp16 residual (KvShape::residual).
 constexpr int64_t kKiviGroup = 32;
 
 // What scales a record beyond its own bytes: fp8-e4m3-static's scale of its (layer, K or V, kv head), and
@@ -113,9 +113,13 @@ struct KvShape {
   std::vector<float> static_scales{};
   // int4-smooth: [layers][kv_heads][head_dim] key smoothing factors (empty: none). Ignored by the others.
   std::vector<float> key_smoothing{};
+  // The KIVI types: KIVI's R, the newest tokens a request keeps in fp16 (a positive multiple of kKiviGroup);
+  // when R have gathered they are quantized together, R / kKiviGroup key groups at once. kKiviGroup for the
+  // other types.
+  int64_t residual = kKiviGroup;
   // The static scale of (layer, kv = 0 for K / 1 for V, head); 1 for every other type. Error when
   // static_scales is set with the wrong size or a scale that is not positive and finite, int4 has an
-  // odd head_dim, or q8_0 / q4_0 one that is not a multiple of 32.
+  // odd head_dim, q8_0 / q4_0 one that is not a multiple of 32, or residual is not one the type takes.
   float scale(int64_t layer, int kv, int64_t head) const;
   // What a decode kernel multiplies the scores of KV head `head` by: 1 / sqrt(head_dim) x the static K scale.
   float qk_scale(int64_t layer, int64_t head) const {
@@ -145,10 +149,11 @@ struct KvShape {
   }
   int64_t entry_bytes() const { return 2 * kv_heads * head_bytes(); }          // one token, one layer
   int64_t token_bytes() const { return layers * entry_bytes(); }                // one token, all layers
-  // The KIVI types: one request's residual area, fp16 K and V of `tokens` tokens at every layer (the cache keeps
-  // kKiviGroup; the serving simulation models other lengths); 0 otherwise.
+  // The KIVI types: one request's residual area, fp16 K and V of `tokens` tokens (the cache's: `residual`) at
+  // every layer; 0 otherwise.
   int64_t residual_entry_bytes() const { return 2 * kv_heads * head_dim * 2; }
-  int64_t residual_bytes(int64_t tokens = kKiviGroup) const { return kivi() ? layers * tokens * residual_entry_bytes() : 0; }
+  int64_t residual_bytes(int64_t tokens) const { return kivi() ? layers * tokens * residual_entry_bytes() : 0; }
+  int64_t residual_bytes() const { return residual_bytes(residual); }
 };
 
 // One head vector to and from its record; sc is the shape's record_scales() for the record's (layer, K or
@@ -172,15 +177,16 @@ class KvCache {
   // Token pos's [K, V] x kv_heads records at `layer`; writable only for the request's last token.
   virtual uint8_t* entry(int64_t req, int64_t layer, int64_t pos) = 0;
   // Host caches (the CPU device): stores token pos's keys and values at `layer` (k, v: [kv_heads][head_dim])
-  // as the storage type says. KIVI types: pos must be the request's last token, and when it completes a group
-  // of kKiviGroup tokens the group's records are written from the residual. read_token gives them back as
-  // the kernels read them (KIVI: the residual's fp16 values for the incomplete group).
+  // as the storage type says. KIVI types: pos must be the request's last token, and when it completes the
+  // residual (shape().residual tokens) their groups' records are written from it. read_token gives them back as
+  // the kernels read them (KIVI: the residual's fp16 values for the tokens not yet quantized).
   void write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v);
   void read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const;
-  // Tokens of the request held in records: its length, or for the KIVI types its complete groups'; the rest are in
-  // residual(req, layer): fp16 entries of [K, V] x kv_heads x head_dim, position p at slot p % kKiviGroup.
+  // Tokens of the request held in records: its length, or for the KIVI types those of its complete residuals
+  // (a multiple of shape().residual); the rest are in residual(req, layer): fp16 entries of [K, V] x kv_heads x
+  // head_dim, position p at slot p % shape().residual.
   int64_t quantized_length(int64_t req) const {
-    return shape_.kivi() ? length(req) / kKiviGroup * kKiviGroup : length(req);
+    return shape_.kivi() ? length(req) / shape_.residual * shape_.residual : length(req);
   }
   const uint8_t* residual(int64_t req, int64_t layer) const;
   // The request's tokens at `layer` as runs of consecutive entries: fn(first entry, first pos, count);

@@ -218,6 +218,8 @@ std::unique_ptr<Problem> prepare_quality(const Case& c) {
   p->data = smollm2(c);
   const model::Config& cfg = p->data->model.cfg;
   p->shape = KvShape{cfg.layers, cfg.kv_heads, cfg.head_dim(), parse_kv_type(c.text("kv_dtype"))};
+  p->shape.residual = c.integer("residual", kKiviGroup);
+  p->shape.validate();  // residual: a multiple of 32, and only for the KIVI types
   p->block = c.integer("block", 16);
   p->hot_tokens = c.integer("hot_tokens", 256);
   p->host_layers = c.integer("host_layers", 0);
@@ -682,7 +684,7 @@ void register_technique(Registry& r) {
         int_param("head_dim", "with budget_mib: its head dimension", 128),
         int_param("max_len", "the model's longest sequence (what the contiguous cache reserves)", 2048, 2),
         int_param("residual", "int4-kivi, int2-kivi: KIVI's R, the newest tokens a request keeps in fp16, quantized R at "
-                  "a time (a multiple of 32; simulated: the cache itself keeps 32)", 32, 32),
+                  "a time (a multiple of 32; the simulation counts its bytes, as kvcache_model's cache holds them)", 32, 32),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("seed", "the stream", 1, 0),
     };
@@ -725,7 +727,7 @@ void register_technique(Registry& r) {
                    "storage of K and V (fp8-e4m3-static: scales, int4-smooth: key smoothing factors, calibrated on "
                    "training windows; fp8-e5m2: no scale; q8_0, q4_0: llama.cpp's, an fp16 scale per 32 values; "
                    "int4-kivi, int2-kivi: KIVI's keys per channel over groups of 32 tokens, values per token, in 4 or 2 "
-                   "bits, the last group in fp16)",
+                   "bits, the newest residual tokens in fp16)",
                    nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "int4-smooth",
                              "q8_0", "q4_0", "int4-kivi", "int2-kivi"}),
         text_param("weights", "format of every projection (RTN; lm_head then int8), or fp32", "fp32"),
@@ -735,6 +737,8 @@ void register_technique(Registry& r) {
                    "fp32", {"fp32", "int8"}),
         int_param("batch", "validation windows decoded together", 4),
         int_param("seq", "tokens per window", 128),
+        int_param("residual", "int4-kivi, int2-kivi: KIVI's R, the newest tokens a sequence keeps in fp16, quantized R at "
+                  "a time (a multiple of 32)", 32, 32),
         int_param("block", "tokens per block of the paged cache", 16),
         int_param("hot_tokens", "paged-offload: newest tokens per window kept on the device", 256, 1),
         int_param("host_layers", "weight-offload: layers whose projections live in the host pool (0: not run)", 0, 0),
@@ -754,7 +758,7 @@ void register_technique(Registry& r) {
         {"memory_at_*", "bytes", Better::lower, Gate::exact, 0, 0,
          "every weight as stored plus the KV cache of one sequence of that many tokens"},
         {"kv_residual_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
-         "int4-kivi, int2-kivi: a sequence's fp16 residual (its incomplete group of 32 tokens at every layer)"},
+         "int4-kivi, int2-kivi: a sequence's fp16 residual (R tokens at every layer)"},
         {"kv_to_device_bytes", "bytes", Better::lower, Gate::exact, 0, 0,
          "paged-offload: cold KV staged to the device over the run (every layer, every step)"},
         {"kv_to_host_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "paged-offload: blocks moved to the host over the run"},

@@ -18,8 +18,8 @@
 // and the preemptions, finished requests and decode tokens per step.
 //
 // A storage type that keeps each request's newest tokens apart (the KIVI types: up to R tokens in fp16,
-// KIVI's full-precision residual, quantized R at a time; the cache itself keeps R = kKiviGroup, the incomplete
-// group) is simulated by its ResidualModel: a request holds the residual's bytes in pool tokens from
+// KIVI's full-precision residual, quantized R at a time, as KvShape::residual has the cache hold it) is
+// simulated by its ResidualModel: a request holds the residual's bytes in pool tokens from
 // admission to release, and a token enters the pool only when its run of R completes (then the whole run
 // does); the tokens in the residual count as live at the residual's bytes per token.
 #pragma once
