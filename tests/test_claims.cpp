@@ -277,6 +277,13 @@ TEST(Claims, Int8LosslessAndInt4Band) {
                                 qm("gptq", "int4-g128", 0.009, 0.0003), qm("awq", "int4-g128", 0.008, 0.0003)};
     EXPECT_EQ(check("quant_model", "int8-lossless" + sfx, recs).verdict, "reproduced");
     EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "reproduced");
+    // GPTQ with act_order takes part in the best of the quantizers: at +0.7% it is the best, still in the band;
+    // at -0.2% it takes the INT4 result outside it.
+    recs.push_back(qm("gptq-act-order", "int4-g128", 0.007, 0.0003));
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "reproduced");
+    recs.back().counters["perplexity_rel_delta"] = -0.002;
+    EXPECT_EQ(check("quant_model", "int4-mmlu" + sfx, recs).verdict, "not_reproduced");
+    recs.pop_back();
     // INT8 loses 5%: not lossless. INT4's best loses 3%: outside the 0.5-1% band.
     recs[0].counters["perplexity_rel_delta"] = 0.05;
     for (int i : {2, 3}) recs[i].counters["perplexity_rel_delta"] = 0.03;
@@ -313,6 +320,15 @@ TEST(Claims, AwqRobust) {
     EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "not_reproduced");
     recs[1] = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(0.0005, 0.02));  // a tiny gap inside the noise
     EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "inconclusive");
+    // GPTQ with act_order is judged as well (the AWQ paper's GPTQ-R): AWQ must beat both variants.
+    recs[1] = qm("gptq", "int4-g128", 0.02, 0.001, 0.1, shifted(0.01, 0.001));
+    recs.push_back(qm("gptq-act-order", "int4-g128", 0.0, 0.001, 0.1, shifted(-0.01, 0.001)));
+    const ClaimResult both = check("quant_model", "awq-robust" + sfx, recs);
+    EXPECT_EQ(both.verdict, "not_reproduced") << both.measured;
+    EXPECT_NE(both.measured.find("GPTQ act_order/AWQ"), std::string::npos) << both.measured;
+    recs[2] = qm("gptq-act-order", "int4-g128", 0.02, 0.001, 0.1, shifted(0.02, 0.001));
+    EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "reproduced");
+    recs.pop_back();
     // AWQ that returns the weights: an error.
     recs[0].counters["rel_l2_err"] = 0;
     EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "error");

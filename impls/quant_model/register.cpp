@@ -19,7 +19,8 @@
 // Case parameters: model ("trained" or "smollm2"); for "trained" the model and training parameters of
 // the precision suite (dim, layers, heads, kv_heads, ffn, context, batch, steps, lr, warmup_steps,
 // seed); for "smollm2" batch (default 1) and seq (default 256) tokens per window; eval_batches,
-// calib_batches, format, corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq, awq.
+// calib_batches, format, damp (GPTQ's), corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq,
+// gptq-act-order (GPTQ with its act_order option: columns by descending Hessian diagonal), awq.
 #include <cmath>
 #include <mutex>
 
@@ -107,7 +108,7 @@ void calibrate_and_score(Trained& t, int64_t steps, int64_t calib_batches) {
 // corpus; made once per process for each set of parameters.
 std::shared_ptr<const Trained> trained_model(const Case& c) {
   Json key = c.params;
-  key.erase("format");
+  for (const char* k : {"format", "damp"}) key.erase(k);
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const Trained>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -152,11 +153,18 @@ std::shared_ptr<const Trained> trained_model(const Case& c) {
 struct ModelQuantProblem final : Problem {
   std::shared_ptr<const Trained> model;
   Spec spec;
+  GptqOptions gptq;  // damp from the case; act_order per implementation
 };
+
+GptqOptions act_order(GptqOptions o) {
+  o.act_order = true;
+  return o;
+}
 
 std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<ModelQuantProblem>();
   p->spec = parse_spec(c.text("format"));
+  if (c.params.contains("damp")) p->gptq.damp = c.params["damp"].get<double>();
   p->model = trained_model(c);
   return p;
 }
@@ -180,7 +188,8 @@ class ModelQuantWorkload final : public Workload {
       for (const auto& [off, n, k, x] : projections) {
         const float* w = t.params.data() + off;
         const float* X = in[x].data();
-        QuantResult q = quantizer == "gptq"  ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows)
+        QuantResult q = quantizer == "gptq"  ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows, p.gptq)
+                        : quantizer == "gptq-act-order" ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows, act_order(p.gptq))
                         : quantizer == "awq" ? quantize_awq(p.spec, w, n, k, X, t.calib_rows)
                                              : quantize_rtn(p.spec, w, n, k);
         std::copy(q.deq.begin(), q.deq.end(), params_.begin() + off);
@@ -352,7 +361,7 @@ ClaimResult check_int4_mmlu(const ClaimSpec& spec, const std::vector<Record>& re
   std::string measured;
   Delta best;
   bool any_sensitive = false;
-  for (const char* q : {"rtn", "gptq", "awq"})
+  for (const char* q : {"rtn", "gptq", "gptq-act-order", "awq"})
     if (const Record* r = find(recs, q, format)) {
       const Delta d = delta_of(*r);
       if (!d.error.empty()) return {"", "error", d.error};
@@ -371,8 +380,9 @@ ClaimResult check_int4_mmlu(const ClaimSpec& spec, const std::vector<Record>& re
   return {format + " perplexity vs fp32: " + measured, decide(best.v, best.u, band), note};
 }
 
-// awq-robust: "AWQ is more robust than GPTQ": per INT4 format, GPTQ's perplexity over AWQ's minus one,
-// from the paired per-batch validation losses (+- 2 standard errors), against `band` (> 0: AWQ better).
+// awq-robust: "AWQ is more robust than GPTQ": per INT4 format and GPTQ variant present (gptq, and
+// gptq-act-order as the AWQ paper's "GPTQ-R"), GPTQ's perplexity over AWQ's minus one, from the paired per-batch
+// validation losses (+- 2 standard errors), against `band` (> 0: AWQ better).
 ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
   std::string measured;
@@ -381,19 +391,22 @@ ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& r
     if (r.technique != "quant_model" || r.impl != "awq" || r.status != "ok" || model_of(r) != claim_model(recs)) continue;
     const std::string f = r.kase.params.value("format", "");
     if (f.rfind("int4", 0) != 0) continue;
-    const Record* g = find(recs, "gptq", f);
-    if (!g) continue;
-    for (const Record* x : {&r, g})
-      if (const Delta d = delta_of(*x); !d.error.empty()) return {"", "error", d.error};
-    std::vector<double> diff;  // per batch: GPTQ's loss minus AWQ's
-    for (const auto& [k, v] : r.counters)
-      if (k.rfind("val_loss_batch_", 0) == 0 && g->counters.count(k)) diff.push_back(g->counters.at(k) - v);
-    if (diff.size() < 2) return {"", "error", "awq-robust needs the per-batch validation losses (val_loss_batch_*)"};
-    const double m = stats::mean(diff), se = stats::stddev(diff) / std::sqrt(static_cast<double>(diff.size()));
-    const double v = std::exp(m) - 1, u = 2 * se * std::exp(m);
-    const std::string verdict = decide(v, u, band);
-    measured += f + fmt(": GPTQ/AWQ perplexity %+.3f%%", 100 * v) + fmt(" +- %.3f%% (", 100 * u) + verdict + "); ";
-    verdicts.push_back(verdict);
+    for (const char* variant : {"gptq", "gptq-act-order"}) {
+      const Record* g = find(recs, variant, f);
+      if (!g) continue;
+      for (const Record* x : {&r, g})
+        if (const Delta d = delta_of(*x); !d.error.empty()) return {"", "error", d.error};
+      std::vector<double> diff;  // per batch: GPTQ's loss minus AWQ's
+      for (const auto& [k, v] : r.counters)
+        if (k.rfind("val_loss_batch_", 0) == 0 && g->counters.count(k)) diff.push_back(g->counters.at(k) - v);
+      if (diff.size() < 2) return {"", "error", "awq-robust needs the per-batch validation losses (val_loss_batch_*)"};
+      const double m = stats::mean(diff), se = stats::stddev(diff) / std::sqrt(static_cast<double>(diff.size()));
+      const double v = std::exp(m) - 1, u = 2 * se * std::exp(m);
+      const std::string verdict = decide(v, u, band);
+      measured += f + ": " + (g->impl == "gptq" ? "GPTQ" : "GPTQ act_order") +
+                  fmt("/AWQ perplexity %+.3f%%", 100 * v) + fmt(" +- %.3f%% (", 100 * u) + verdict + "); ";
+      verdicts.push_back(verdict);
+    }
   }
   if (verdicts.empty()) return {"", "out_of_scope", "needs gptq and awq runs of one INT4 format"};
   return {measured, combine_verdicts(verdicts),
@@ -415,6 +428,7 @@ void register_technique(Registry& r) {
   }
   t.schema.params.push_back(int_param("calib_batches", "training batches whose projection inputs calibrate GPTQ/AWQ", 2));
   t.schema.params.push_back(text_param("format", "weight format of every projection (as in the quant suite)"));
+  t.schema.params.push_back(num_param("damp", "GPTQ: the Hessian's dampening, a share of its mean diagonal", 0.01, 0));
   t.schema.metrics = {
       {"val_loss", "nats/token", Better::lower, Gate::ratio, 1.01, 0,
        "validation loss with quantized projections (the trained model's tokens are bytes)"},
@@ -442,24 +456,27 @@ void register_technique(Registry& r) {
     std::snprintf(buf, sizeof buf, "weight rel_l2 %.3e vs bound %.3e", e.rel_l2, bound);
     return Verdict{e.rel_l2 <= bound, buf};
   };
-  t.description = "every projection of the trained small model or of SmolLM2-135M quantized (RTN, GPTQ, AWQ): "
+  t.description = "every projection of the trained small model or of SmolLM2-135M quantized (RTN, GPTQ, GPTQ act_order, AWQ): "
                   "validation perplexity";
   t.validate = [](const Case& c) {
     parse_spec(c.text("format"));
     if (c.text("model", "trained") == "trained") model::config_from_json(c.params);
   };
   t.prepare = prepare;
-  for (const char* q : {"rtn", "gptq", "awq"}) {
+  for (const char* q : {"rtn", "gptq", "gptq-act-order", "awq"}) {
     const std::string name = q;
+    const std::string what = name == "gptq-act-order"
+                                 ? "gptq with act_order (columns by descending Hessian diagonal, groups fitted first)"
+                                 : name;
     Impl i = typed_impl<ModelQuantProblem>(
         t.name, name, name == "rtn" ? Role::reference : Role::optimized, Backend::cpu,
-        name + " on every projection; fp32 evaluation with the dequantized weights",
+        what + " on every projection; fp32 evaluation with the dequantized weights",
         [name](const ModelQuantProblem& prob, Device& dev) {
           return std::make_unique<ModelQuantWorkload>(prob, name, dev);
         });
     i.not_applicable = [name](const Case& c) {
       const Spec s = parse_spec(c.text("format"));
-      return name == "gptq" && s.format == Format::nf4 && s.double_quant
+      return name.starts_with("gptq") && s.format == Format::nf4 && s.double_quant
                  ? std::string("GPTQ does not support nf4 double quantization")
                  : std::string();
     };
