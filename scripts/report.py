@@ -764,7 +764,9 @@ def quant_model_figures(cases):
         for c in cases:
             v, b = c.counters.get("perplexity_rel_delta"), c.counters.get("bits_per_weight")
             if c.params.get("model", "trained") == model and c.ok and _isnum(v) and _isnum(b):
-                pts.append((b, 100 * v, c.impl, c.params.get("format", "?")))
+                # GPTQ calibrated layer by layer is its own colour beside the same quantizer on fp32 activations.
+                label = c.impl + (" sequential" if c.params.get("sequential") is True else "")
+                pts.append((b, 100 * v, label, c.params.get("format", "?")))
                 se = c.counters.get("perplexity_rel_delta_se")
                 err.append((100 * se, 100 * se) if _isnum(se) else (0, 0))
         if not pts:
@@ -773,7 +775,8 @@ def quant_model_figures(cases):
         img = scatter_labelled(pts, f"quant_model ({name}): bits per weight vs perplexity change",
                                "bits per weight (projections)", "perplexity vs fp32 (%)", ylog=False, yerr=err)
         figs.append(figure(f"{esc(name)}: validation perplexity relative to its fp32 model, +- one standard error "
-                           "over the evaluation batches; colour = quantizer, marker = format.", img))
+                           "over the evaluation batches; colour = quantizer (GPTQ calibrated layer by layer: sequential), "
+                           "marker = format.", img))
     return figs
 
 

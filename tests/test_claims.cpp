@@ -329,6 +329,14 @@ TEST(Claims, AwqRobust) {
     recs[2] = qm("gptq-act-order", "int4-g128", 0.02, 0.001, 0.1, shifted(0.02, 0.001));
     EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "reproduced");
     recs.pop_back();
+    // A GPTQ variant run both ways: the sequential (layer-by-layer) record answers, wherever it is in the run.
+    Record seq = qm("gptq", "int4-g128", 0.0, 0.001, 0.1, shifted(-0.01, 0.001));
+    seq.kase.params["sequential"] = true;
+    for (const bool seq_first : {false, true}) {
+      std::vector<Record> both_ways = {recs[0], qm("gptq", "int4-g128", 0.02, 0.001, 0.1, shifted(0.01, 0.001))};
+      both_ways.insert(seq_first ? both_ways.begin() + 1 : both_ways.end(), seq);
+      EXPECT_EQ(check("quant_model", "awq-robust" + sfx, both_ways).verdict, "not_reproduced") << seq_first;
+    }
     // AWQ that returns the weights: an error.
     recs[0].counters["rel_l2_err"] = 0;
     EXPECT_EQ(check("quant_model", "awq-robust" + sfx, recs).verdict, "error");

@@ -4,7 +4,8 @@
 // the embedding, the norms and lm_head stay fp32 (as GPTQ/AWQ leave embeddings and the head in fp16).
 //
 // Calibration: the inputs of each projection on `calib_batches` training batches, captured from the
-// fp32 model (all layers from the unquantized model, not GPTQ's sequential layer-by-layer pass).
+// fp32 model (all layers from the unquantized model), or with `sequential` (GPTQ only) GPTQ's layer-by-layer
+// pass: layer l's inputs from the model whose layers before l are already quantized.
 // Figures: validation perplexity exp(mean loss) on `eval_batches` validation batches with the
 // dequantized weights, against the fp32 model's. The timed call is that evaluation on the CPU with the
 // dequantized fp32 weights, so time and memory of these cases describe the evaluation, not a quantized
@@ -19,7 +20,7 @@
 // Case parameters: model ("trained" or "smollm2"); for "trained" the model and training parameters of
 // the precision suite (dim, layers, heads, kv_heads, ffn, context, batch, steps, lr, warmup_steps,
 // seed); for "smollm2" batch (default 1) and seq (default 256) tokens per window; eval_batches,
-// calib_batches, format, damp (GPTQ's), corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq,
+// calib_batches, format, damp and sequential (GPTQ's), corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq,
 // gptq-act-order (GPTQ with its act_order option: columns by descending Hessian diagonal), awq.
 #include <cmath>
 #include <mutex>
@@ -52,6 +53,7 @@ struct Trained {
   datasets::Split split;
   std::vector<float> params;
   std::vector<model::Trainer::LinearInputs> calib;  // per layer, concatenated over calibration batches
+  std::vector<datasets::Batch> calib_batches;       // the batches they came from
   int64_t calib_rows = 0;
   double fp32_val_loss = 0;
   std::vector<double> fp32_batch_loss;  // per validation batch
@@ -94,7 +96,8 @@ void calibrate_and_score(Trained& t, int64_t steps, int64_t calib_batches) {
   auto dev = make_cpu_device();
   auto tr = model::make_trainer_cpu(t.cfg, t.opts, *dev, t.params);
   for (int64_t b = 0; b < calib_batches; ++b) {
-    const auto in = tr->linear_inputs(calib_batch(t, steps, b));
+    t.calib_batches.push_back(calib_batch(t, steps, b));
+    const auto in = tr->linear_inputs(t.calib_batches.back());
     if (t.calib.empty()) t.calib.resize(in.size());
     for (std::size_t l = 0; l < in.size(); ++l)
       for (int k = 0; k < 4; ++k) t.calib[l][k].insert(t.calib[l][k].end(), in[l][k].begin(), in[l][k].end());
@@ -108,7 +111,7 @@ void calibrate_and_score(Trained& t, int64_t steps, int64_t calib_batches) {
 // corpus; made once per process for each set of parameters.
 std::shared_ptr<const Trained> trained_model(const Case& c) {
   Json key = c.params;
-  for (const char* k : {"format", "damp"}) key.erase(k);
+  for (const char* k : {"format", "damp", "sequential"}) key.erase(k);
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const Trained>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -154,6 +157,7 @@ struct ModelQuantProblem final : Problem {
   std::shared_ptr<const Trained> model;
   Spec spec;
   GptqOptions gptq;  // damp from the case; act_order per implementation
+  bool sequential = false;  // GPTQ: layer l calibrated on the inputs of the model with layers < l quantized
 };
 
 GptqOptions act_order(GptqOptions o) {
@@ -165,6 +169,7 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<ModelQuantProblem>();
   p->spec = parse_spec(c.text("format"));
   if (c.params.contains("damp")) p->gptq.damp = c.params["damp"].get<double>();
+  p->sequential = c.flag("sequential", false);
   p->model = trained_model(c);
   return p;
 }
@@ -178,9 +183,21 @@ class ModelQuantWorkload final : public Workload {
     const auto L = model::param_layout(t.cfg);
     const int64_t D = t.cfg.dim, KV = t.cfg.kv_dim(), F = t.cfg.ffn;
     double num = 0, den = 0;
+    const bool sequential = p.sequential && quantizer.starts_with("gptq");
+    auto host = make_cpu_device();  // the calibration passes of a sequential GPTQ, outside the tracked device
     for (std::size_t l = 0; l < L.layer.size(); ++l) {
       const auto& P = L.layer[l];
-      const auto& in = t.calib[l];
+      // Sequential: layer l's inputs from the model whose layers before l are already quantized (params_),
+      // as GPTQ's and AutoGPTQ's layer-by-layer pass takes them; the first layer's are the fp32 model's.
+      model::Trainer::LinearInputs seq;
+      if (sequential && l > 0) {
+        auto tr = model::make_trainer_cpu(t.cfg, t.opts, *host, params_);
+        for (const datasets::Batch& b : t.calib_batches) {
+          auto all = tr->linear_inputs(b);
+          for (int k = 0; k < 4; ++k) seq[k].insert(seq[k].end(), all[l][k].begin(), all[l][k].end());
+        }
+      }
+      const auto& in = sequential && l > 0 ? seq : t.calib[l];
       // (offset, out rows, in cols, calibration input index)
       const std::tuple<int64_t, int64_t, int64_t, int> projections[] = {
           {P.wq, D, D, 0}, {P.wk, KV, D, 0}, {P.wv, KV, D, 0}, {P.wo, D, D, 1},
@@ -292,13 +309,17 @@ std::string model_text(const std::string& m) {
                         : "the small byte-level model the precision suite trains";
 }
 
+// The run's record of (impl, format) on the claim's model; of a GPTQ variant run both ways, the sequential one
+// (GPTQ's own layer-by-layer calibration).
 const Record* find(const std::vector<Record>& recs, const std::string& impl, const std::string& format) {
   const std::string m = claim_model(recs);
+  const Record* found = nullptr;
   for (const auto& r : recs)
     if (r.technique == "quant_model" && r.impl == impl && r.status == "ok" &&
-        r.kase.params.value("format", "") == format && model_of(r) == m)
-      return &r;
-  return nullptr;
+        r.kase.params.value("format", "") == format && model_of(r) == m &&
+        (!found || (!found->kase.params.value("sequential", false) && r.kase.params.value("sequential", false))))
+      found = &r;
+  return found;
 }
 
 // Perplexity change against fp32 with its uncertainty (two standard errors over the validation
@@ -411,7 +432,8 @@ ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& r
   if (verdicts.empty()) return {"", "out_of_scope", "needs gptq and awq runs of one INT4 format"};
   return {measured, combine_verdicts(verdicts),
           "band " + band.str() + " (above 0: AWQ better); paired over the validation batches of " +
-              model_text(claim_model(recs)) + "; GPTQ here is not sequential (all layers calibrated on fp32 activations)"};
+              model_text(claim_model(recs)) + "; GPTQ calibrated layer by layer where the run has sequential cases, "
+              "otherwise every layer on the fp32 model's activations"};
 }
 
 }  // namespace
@@ -429,6 +451,11 @@ void register_technique(Registry& r) {
   t.schema.params.push_back(int_param("calib_batches", "training batches whose projection inputs calibrate GPTQ/AWQ", 2));
   t.schema.params.push_back(text_param("format", "weight format of every projection (as in the quant suite)"));
   t.schema.params.push_back(num_param("damp", "GPTQ: the Hessian's dampening, a share of its mean diagonal", 0.01, 0));
+  t.schema.params.push_back(bool_param("sequential",
+                                       "GPTQ: calibrate layer l on the inputs of the model whose earlier layers are "
+                                       "already quantized (GPTQ's layer-by-layer pass); false: every layer on the fp32 "
+                                       "model's inputs",
+                                       false));
   t.schema.metrics = {
       {"val_loss", "nats/token", Better::lower, Gate::ratio, 1.01, 0,
        "validation loss with quantized projections (the trained model's tokens are bytes)"},
@@ -476,9 +503,11 @@ void register_technique(Registry& r) {
         });
     i.not_applicable = [name](const Case& c) {
       const Spec s = parse_spec(c.text("format"));
-      return name.starts_with("gptq") && s.format == Format::nf4 && s.double_quant
-                 ? std::string("GPTQ does not support nf4 double quantization")
-                 : std::string();
+      if (name.starts_with("gptq") && s.format == Format::nf4 && s.double_quant)
+        return std::string("GPTQ does not support nf4 double quantization");
+      if (!name.starts_with("gptq") && c.flag("sequential", false))
+        return "sequential calibration is GPTQ's; " + name + " is the same as without it";
+      return std::string();
     };
     t.impls.push_back(std::move(i));
   }
