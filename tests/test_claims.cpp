@@ -335,7 +335,9 @@ TEST(Claims, AwqRobust) {
     for (const bool seq_first : {false, true}) {
       std::vector<Record> both_ways = {recs[0], qm("gptq", "int4-g128", 0.02, 0.001, 0.1, shifted(0.01, 0.001))};
       both_ways.insert(seq_first ? both_ways.begin() + 1 : both_ways.end(), seq);
-      EXPECT_EQ(check("quant_model", "awq-robust" + sfx, both_ways).verdict, "not_reproduced") << seq_first;
+      const ClaimResult r = check("quant_model", "awq-robust" + sfx, both_ways);
+      EXPECT_EQ(r.verdict, "not_reproduced") << seq_first;
+      EXPECT_NE(r.measured.find("GPTQ (sequential)/AWQ"), std::string::npos) << r.measured;
     }
     // AWQ that returns the weights: an error.
     recs[0].counters["rel_l2_err"] = 0;

@@ -322,6 +322,11 @@ const Record* find(const std::vector<Record>& recs, const std::string& impl, con
   return found;
 }
 
+// " (sequential)" for a GPTQ record calibrated layer by layer, for the claims' measured text.
+std::string sequential_note(const Record& r) {
+  return r.kase.params.value("sequential", false) ? " (sequential)" : "";
+}
+
 // Perplexity change against fp32 with its uncertainty (two standard errors over the validation
 // batches), or an error when the "quantized" weights are the fp32 weights: a quantizer that did nothing
 // must not answer a claim about quantization.
@@ -386,7 +391,7 @@ ClaimResult check_int4_mmlu(const ClaimSpec& spec, const std::vector<Record>& re
     if (const Record* r = find(recs, q, format)) {
       const Delta d = delta_of(*r);
       if (!d.error.empty()) return {"", "error", d.error};
-      measured += describe(q, d) + "; ";
+      measured += describe((q + sequential_note(*r)).c_str(), d) + "; ";
       any_sensitive = any_sensitive || sensitive(d);
       if (std::isnan(best.v) || d.v < best.v) best = d;
     }
@@ -402,8 +407,8 @@ ClaimResult check_int4_mmlu(const ClaimSpec& spec, const std::vector<Record>& re
 }
 
 // awq-robust: "AWQ is more robust than GPTQ": per INT4 format and GPTQ variant present (gptq, and
-// gptq-act-order as the AWQ paper's "GPTQ-R"), GPTQ's perplexity over AWQ's minus one, from the paired per-batch
-// validation losses (+- 2 standard errors), against `band` (> 0: AWQ better).
+// gptq-act-order: GPTQ with its act_order option), GPTQ's perplexity over AWQ's minus one, from the paired
+// per-batch validation losses (+- 2 standard errors), against `band` (> 0: AWQ better).
 ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
   std::string measured;
@@ -424,7 +429,7 @@ ClaimResult check_awq_robust(const ClaimSpec& spec, const std::vector<Record>& r
       const double m = stats::mean(diff), se = stats::stddev(diff) / std::sqrt(static_cast<double>(diff.size()));
       const double v = std::exp(m) - 1, u = 2 * se * std::exp(m);
       const std::string verdict = decide(v, u, band);
-      measured += f + ": " + (g->impl == "gptq" ? "GPTQ" : "GPTQ act_order") +
+      measured += f + ": " + (g->impl == "gptq" ? "GPTQ" : "GPTQ act_order") + sequential_note(*g) +
                   fmt("/AWQ perplexity %+.3f%%", 100 * v) + fmt(" +- %.3f%% (", 100 * u) + verdict + "); ";
       verdicts.push_back(verdict);
     }
