@@ -18,6 +18,7 @@
 #include "harness/results.hpp"
 #include "harness/runner.hpp"
 #include "harness/suite.hpp"
+#include "test_util.hpp"
 
 using namespace memtrade;
 
@@ -181,8 +182,7 @@ TEST(Parity, EverySuiteFilePassesItsTechniquesSchema) {
 // and its weights differ. RTN and AWQ do not take it (not run).
 TEST(QuantModel, SequentialGptqCalibratesLaterLayersOnTheQuantizedModel) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "memtrade_quant_model_sequential";
-  fs::remove_all(dir);
+  const fs::path dir = test::scratch_dir() / "quant_model_sequential";
   fs::create_directories(dir);
   std::ofstream(dir / "seq.json") << R"({"suite": "seq", "technique": "quant_model", "x_param": "layers",
     "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"dim": [32], "layers": [1, 2],
@@ -218,5 +218,4 @@ TEST(QuantModel, SequentialGptqCalibratesLaterLayersOnTheQuantizedModel) {
     EXPECT_TRUE(by.count("2/fp32/" + impl)) << impl;
     EXPECT_FALSE(by.count("2/seq/" + impl)) << impl << " does not take sequential calibration";
   }
-  fs::remove_all(dir);
 }

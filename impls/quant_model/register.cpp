@@ -184,7 +184,8 @@ class ModelQuantWorkload final : public Workload {
     const int64_t D = t.cfg.dim, KV = t.cfg.kv_dim(), F = t.cfg.ffn;
     double num = 0, den = 0;
     const bool sequential = p.sequential && quantizer.starts_with("gptq");
-    auto host = make_cpu_device();  // the calibration passes of a sequential GPTQ, outside the tracked device
+    // The calibration passes of a sequential GPTQ run on a device of their own, outside the tracked one.
+    const std::unique_ptr<Device> host = sequential ? make_cpu_device() : nullptr;
     for (std::size_t l = 0; l < L.layer.size(); ++l) {
       const auto& P = L.layer[l];
       // Sequential: layer l's inputs from the model whose layers before l are already quantized (params_),
