@@ -983,6 +983,13 @@ TEST(Serving, ABudgetInBytesHoldsEachStorageTypesTokens) {
   }
 }
 
+namespace {
+KvShape with_residual(KvShape s, int64_t r) {
+  s.residual = r;
+  return s;
+}
+}  // namespace
+
 TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
   // Llama-2-7B's shape in int4-kivi: 2 x 32 x 32 x (64 code bytes + 4 fp16 pairs) = 160 KiB per token; a
   // request's residual is 32 fp16 tokens at every layer, 16 MiB = 102.4 of those tokens, 3.2 per fp16 token.
@@ -1003,15 +1010,18 @@ TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
   EXPECT_DOUBLE_EQ(m2.per_token, 16.0 / 3.0);
   // KIVI's R = 128: four times the bytes (64 MiB, 409.6 int4-kivi tokens), entering the pool 128 at a time, at
   // the same bytes per fp16 token; R must be a multiple of the key group.
-  const ResidualModel m128 = residual_model(kivi, 128);
+  const KvShape kivi128 = with_residual(kivi, 128);
+  const ResidualModel m128 = residual_model(kivi128);
   EXPECT_EQ(m128.group, 128);
   EXPECT_EQ(m128.tokens, 410);
   EXPECT_DOUBLE_EQ(m128.per_token, 3.2);
-  EXPECT_THROW(residual_model(kivi, 48), Error);
-  EXPECT_THROW(residual_model(kivi, 0), Error);
-  EXPECT_EQ(budget_tokens_of(kivi, int64_t{8} << 30, 16, 4096, 128), 52416);  // the pool is the budget's
-  EXPECT_THROW(budget_tokens_of(kivi, (4096 + 16 + 200) * kivi.token_bytes(), 16, 4096, 128), Error);
-  EXPECT_NO_THROW(budget_tokens_of(kivi, (4096 + 16 + 200) * kivi.token_bytes(), 16, 4096, 32));
+  EXPECT_THROW(residual_model(with_residual(kivi, 48)), Error);
+  EXPECT_THROW(residual_model(with_residual(kivi, 0)), Error);
+  const KvShape int8_64{32, 32, 128, KvType::int8, {}, {}, 64};  // int8 keeps no residual
+  EXPECT_THROW(budget_tokens_of(int8_64, int64_t{8} << 30, 16, 4096), Error);
+  EXPECT_EQ(budget_tokens_of(kivi128, int64_t{8} << 30, 16, 4096), 52416);  // the pool is the budget's
+  EXPECT_THROW(budget_tokens_of(kivi128, (4096 + 16 + 200) * kivi.token_bytes(), 16, 4096), Error);
+  EXPECT_NO_THROW(budget_tokens_of(kivi, (4096 + 16 + 200) * kivi.token_bytes(), 16, 4096));
   // A budget that holds max_len and a block but not a request's residual as well: an error that says so.
   try {
     budget_tokens_of(kivi, (4096 + 16 + 50) * kivi.token_bytes(), 16, 4096);
@@ -1053,10 +1063,10 @@ TEST(Serving, KiviResidualTakesItsBytesFromTheBudgetPerRunningRequest) {
     TraceSpec t = trace_spec("alpaca");
     t.requests = 300;
     t.max_len = 1024;
-    const KvShape s{32, 32, 128, KvType::int4_kivi};
-    const int64_t tokens = budget_tokens_of(s, int64_t{2} << 30, 16, t.max_len, 128);
+    const KvShape s = with_residual(KvShape{32, 32, 128, KvType::int4_kivi}, 128);
+    const int64_t tokens = budget_tokens_of(s, int64_t{2} << 30, 16, t.max_len);
     PagedCache p(*dev, tiny, 16, tokens / 16);
-    const ServingStats st = simulate(p, true, t, tokens, residual_model(s, 128));
+    const ServingStats st = simulate(p, true, t, tokens, residual_model(s));
     EXPECT_EQ(st.finished, t.requests);
     EXPECT_EQ(p.free_blocks(), p.num_blocks());
     EXPECT_LT(st.concurrency, ak.concurrency);

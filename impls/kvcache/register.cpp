@@ -421,8 +421,8 @@ ClaimResult check_offload_latency(const ClaimSpec& spec, const std::vector<Recor
 struct ServingProblem final : Problem {
   TraceSpec trace;
   int64_t budget_tokens = 0, block = 16;
-  int64_t residual = kKiviGroup;  // the KIVI types' R
-  KvShape shape;  // a budget in bytes: the model's KV shape and storage type (layers = 0 for a budget in tokens)
+  // A budget in bytes: the model's KV shape, storage type and (the KIVI types) R; layers = 0 for a budget in tokens.
+  KvShape shape;
 };
 
 // The case's trace, block, budget in tokens and (a budget in bytes) the model's KV shape; Error naming the
@@ -433,17 +433,16 @@ void read_serving_case(const Case& c, ServingProblem& p) {
   p.trace.max_len = c.integer("max_len", 2048);
   p.trace.seed = static_cast<uint64_t>(c.integer("seed", 1));
   p.block = c.integer("block", 16);
-  p.residual = c.integer("residual", kKiviGroup);
+  const int64_t residual = c.integer("residual", kKiviGroup);
   const int64_t tokens = c.integer("budget_tokens", 0), mib = c.integer("budget_mib", 0);
   MT_CHECK((tokens > 0) != (mib > 0), "case " + c.id + ": give the KV budget as budget_tokens or as budget_mib (one of them)");
   if (mib > 0) {
     p.shape = KvShape{c.integer("layers", 32), c.integer("kv_heads", 32), c.integer("head_dim", 128),
                       parse_kv_type(c.text("kv_dtype", "fp16"))};
-    MT_CHECK(p.shape.kivi() || p.residual == kKiviGroup,
-             "case " + c.id + ": residual is KIVI's R (kv_dtype int4-kivi or int2-kivi), not " + kv_type_name(p.shape.type) + "'s");
-    p.budget_tokens = budget_tokens_of(p.shape, mib << 20, p.block, p.trace.max_len, p.residual);
+    p.shape.residual = residual;  // validated with the shape: a multiple of 32, and only for the KIVI types
+    p.budget_tokens = budget_tokens_of(p.shape, mib << 20, p.block, p.trace.max_len);
   } else {
-    MT_CHECK(p.residual == kKiviGroup, "case " + c.id + ": residual needs a budget in bytes of a KIVI type (budget_mib, kv_dtype)");
+    MT_CHECK(residual == kKiviGroup, "case " + c.id + ": residual needs a budget in bytes of a KIVI type (budget_mib, kv_dtype)");
     p.budget_tokens = tokens / p.block * p.block;
     MT_CHECK(p.budget_tokens >= p.trace.max_len + p.block,
              "case " + c.id + ": budget_tokens must hold at least max_len + one block");
@@ -466,7 +465,7 @@ class ServingWorkload final : public Workload {
     std::unique_ptr<KvCache> cache;
     if (paged_) cache = std::make_unique<PagedCache>(dev_, shape, p_.block, p_.budget_tokens / p_.block);
     else cache = std::make_unique<ContiguousCache>(dev_, shape, p_.budget_tokens);
-    s_ = simulate(*cache, paged_, p_.trace, p_.budget_tokens, residual_model(p_.shape, p_.residual));
+    s_ = simulate(*cache, paged_, p_.trace, p_.budget_tokens, residual_model(p_.shape));
   }
   // No numeric output against an oracle: a run that did not finish every request counts as non-finite.
   ErrorStats error() override {
@@ -493,7 +492,7 @@ class ServingWorkload final : public Workload {
     c["decode_tokens_per_step"] = static_cast<double>(s_.decode_tokens) / static_cast<double>(std::max<int64_t>(s_.steps, 1));
     c["kv_budget_tokens"] = static_cast<double>(p_.budget_tokens);
     if (p_.shape.layers > 0) c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
-    if (p_.shape.kivi()) c["kv_residual_tokens"] = static_cast<double>(residual_model(p_.shape, p_.residual).tokens);
+    if (p_.shape.kivi()) c["kv_residual_tokens"] = static_cast<double>(residual_model(p_.shape).tokens);
   }
 
  private:

@@ -20,20 +20,19 @@ TraceSpec trace_spec(const std::string& name) {
   throw Error("unknown serving trace \"" + name + "\" (sharegpt, alpaca)");
 }
 
-ResidualModel residual_model(const KvShape& s, int64_t residual) {
-  MT_CHECK(residual > 0 && residual % kKiviGroup == 0,
-           "serving: a KIVI residual of " + std::to_string(residual) + " tokens (R must be a positive multiple of " +
-               std::to_string(kKiviGroup) + ", the key group)");
+ResidualModel residual_model(const KvShape& s) {
   if (!s.kivi()) return {};
   s.validate();
-  const int64_t tb = s.token_bytes(), bytes = s.residual_bytes(residual);
-  return {residual, (bytes + tb - 1) / tb, static_cast<double>(bytes) / static_cast<double>(residual) / static_cast<double>(tb)};
+  const int64_t tb = s.token_bytes(), bytes = s.residual_bytes();
+  return {s.residual, (bytes + tb - 1) / tb,
+          static_cast<double>(bytes) / static_cast<double>(s.residual) / static_cast<double>(tb)};
 }
 
-int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len, int64_t r) {
+int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len) {
   s.validate();
+  const int64_t residual = residual_model(s).tokens;
   MT_CHECK(budget_bytes > 0 && block > 0, "serving: the KV budget and the block must be positive");
-  const int64_t tokens = budget_bytes / s.token_bytes() / block * block, residual = residual_model(s, r).tokens;
+  const int64_t tokens = budget_bytes / s.token_bytes() / block * block;
   MT_CHECK(tokens >= max_len + residual + block,
            "serving: a KV budget of " + std::to_string(budget_bytes) + " bytes holds " + std::to_string(tokens) +
                " tokens of " + std::to_string(s.token_bytes()) + " bytes (" + kv_type_name(s.type) +

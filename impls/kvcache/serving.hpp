@@ -50,15 +50,14 @@ struct ResidualModel {
   int64_t tokens = 0;   // pool tokens a running request holds for its residual (its bytes, rounded up)
   double per_token = 0; // a residual token's bytes in pool tokens (fp16 against the storage type)
 };
-// residual: R, a positive multiple of kKiviGroup (Error otherwise); ignored by the types without a residual.
-ResidualModel residual_model(const KvShape& s, int64_t residual = kKiviGroup);
+// The model of s.residual (R) tokens for a KIVI type (Error when s does not validate), none for the others.
+ResidualModel residual_model(const KvShape& s);
 
 // The tokens a KV budget of budget_bytes holds when each token takes s.token_bytes() (K and V of every
 // layer, scales included), rounded down to whole blocks of `block` tokens: what a budget in bytes means for
-// each storage type. Error when that is not at least max_len tokens, one request's residual (of R =
-// residual tokens) and one block.
-int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len,
-                         int64_t residual = kKiviGroup);
+// each storage type. Error when that is not at least max_len tokens, one request's residual (of
+// s.residual tokens) and one block.
+int64_t budget_tokens_of(const KvShape& s, int64_t budget_bytes, int64_t block, int64_t max_len);
 
 // Runs the trace to completion on `cache` (empty, with room for `budget_tokens` tokens: the paged cache's
 // pool, or the pool capacity the contiguous cache allocates from).
