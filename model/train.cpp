@@ -547,6 +547,14 @@ std::vector<Trainer::LinearInputs> Trainer::linear_inputs(const datasets::Batch&
   throw Error("linear_inputs: not available on this backend");
 }
 
+Trainer::LinearInputs Trainer::layer_linear_inputs(const datasets::Batch&, int64_t, std::vector<float>&) {
+  throw Error("layer_linear_inputs: not available on this backend");
+}
+
+void Trainer::advance_layer(const datasets::Batch&, int64_t, std::vector<float>&) {
+  throw Error("advance_layer: not available on this backend");
+}
+
 std::vector<float> train_fp32(const Config& c, TrainOptions o, std::span<const uint8_t> train, int64_t steps,
                               uint64_t seed) {
   o.policy = Policy::fp32;

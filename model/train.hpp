@@ -172,6 +172,15 @@ class Trainer {
   // Calibration data for weight quantization. Backends without it throw Error.
   using LinearInputs = std::array<std::vector<float>, 4>;
   virtual std::vector<LinearInputs> linear_inputs(const datasets::Batch& b);
+  // The same one layer at a time, for calibration that changes the weights between layers (sequential
+  // GPTQ: L layer forwards in all where linear_inputs per layer would take L full ones). `x` is batch b's
+  // residual stream entering layer l, fp32 [batch * seq x dim]; empty with l = 0 for the embedding (then it
+  // is filled). layer_linear_inputs gives layer l's inputs from it; advance_layer replaces it by layer l's
+  // output. Both at the current weights; for a stream that came through the same weights, the values
+  // linear_inputs(b)[l] has (bit for bit with fp32 or 16-bit storage; the float64 trainer rounds the stream
+  // to fp32 between calls). Error for a bad layer or stream size; backends without it throw Error.
+  virtual LinearInputs layer_linear_inputs(const datasets::Batch& b, int64_t l, std::vector<float>& x);
+  virtual void advance_layer(const datasets::Batch& b, int64_t l, std::vector<float>& x);
 };
 
 // fp32 training on the CPU from init_params(c, seed) over `steps` batches of the training split,

@@ -149,25 +149,27 @@ class TrainerCore : public Trainer {
     upload(tw(), v, n);
   }
 
-  // The forward's xn1, o (back in rows), xn2 and swiglu(g, u), widened to fp32.
   std::vector<LinearInputs> linear_inputs(const datasets::Batch& b) override {
     load_batch(b);
     Acts a;
     forward(a, false);
-    const int64_t R = rows(), D = c_.dim, F = c_.ffn;
     std::vector<LinearInputs> out;
-    for (auto& A : a.layer) {
-      Buffer rows_buf = ws(std::max(R * D, R * F));
-      LinearInputs in;
-      in[0] = be().widen(A.xn1.template as<S>(), R * D);
-      be().from_heads(A.o.template as<S>(), rows_buf.template as<S>(), c_.heads, false);
-      in[1] = be().widen(rows_buf.template as<S>(), R * D);
-      in[2] = be().widen(A.xn2.template as<S>(), R * D);
-      be().swiglu(A.g.template as<S>(), A.u.template as<S>(), rows_buf.template as<S>(), R * F);
-      in[3] = be().widen(rows_buf.template as<S>(), R * F);
-      out.push_back(std::move(in));
-    }
+    for (auto& A : a.layer) out.push_back(inputs_of(A));
     return out;
+  }
+
+  LinearInputs layer_linear_inputs(const datasets::Batch& b, int64_t l, std::vector<float>& x) override {
+    LayerActs A;
+    enter_layer(b, l, x, A);
+    layer_forward(l, A);
+    return inputs_of(A);
+  }
+
+  void advance_layer(const datasets::Batch& b, int64_t l, std::vector<float>& x) override {
+    LayerActs A;
+    enter_layer(b, l, x, A);
+    Buffer out = layer_forward(l, A);
+    x = be().widen(out.template as<S>(), rows() * c_.dim);
   }
 
   const precision::LossScaler& scaler() const override { return scaler_; }
@@ -536,6 +538,39 @@ class TrainerCore : public Trainer {
       if (j < l) a.layer[j + 1].x_in = std::move(out);
     }
     if (s) s->recomputed_layers += l - first + 1;
+  }
+
+  // A layer's forward's xn1, o (back in rows), xn2 and swiglu(g, u), widened to fp32: its projections' inputs.
+  Trainer::LinearInputs inputs_of(LayerActs& A) {
+    const int64_t R = rows(), D = c_.dim, F = c_.ffn;
+    Buffer rows_buf = ws(std::max(R * D, R * F));
+    LinearInputs in;
+    in[0] = be().widen(A.xn1.template as<S>(), R * D);
+    be().from_heads(A.o.template as<S>(), rows_buf.template as<S>(), c_.heads, false);
+    in[1] = be().widen(rows_buf.template as<S>(), R * D);
+    in[2] = be().widen(A.xn2.template as<S>(), R * D);
+    be().swiglu(A.g.template as<S>(), A.u.template as<S>(), rows_buf.template as<S>(), R * F);
+    in[3] = be().widen(rows_buf.template as<S>(), R * F);
+    return in;
+  }
+
+  // Loads batch b and sets A.x_in to the stream x entering layer l (the embedding when x is empty and l = 0,
+  // and x then holds it too).
+  void enter_layer(const datasets::Batch& b, int64_t l, std::vector<float>& x, LayerActs& A) {
+    MT_CHECK(l >= 0 && l < c_.layers, "calibration: layer " + std::to_string(l) + " of a model of " +
+                                          std::to_string(c_.layers) + " layers");
+    load_batch(b);
+    const int64_t n = rows() * c_.dim;
+    A.x_in = act(n);
+    if (x.empty()) {
+      MT_CHECK(l == 0, "calibration: an empty residual stream enters layer 0 only (got layer " + std::to_string(l) + ")");
+      be().embedding_fwd(ids_.template as<int32_t>(), W(L_.embed), A.x_in.template as<S>());
+      x = be().widen(A.x_in.template as<S>(), n);
+      return;
+    }
+    MT_CHECK(static_cast<int64_t>(x.size()) == n, "calibration: a residual stream of " + std::to_string(x.size()) +
+                                                      " values for a batch of " + std::to_string(n));
+    upload(A.x_in, x, n, false);
   }
 
   // Runs the forward pass on the loaded batch, keeping activations in `a` (a training forward drops

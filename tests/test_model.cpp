@@ -316,6 +316,46 @@ TEST(ModelCalibration, LinearInputsHaveTheProjectionShapesAndFeedTheLayers) {
   EXPECT_EQ(t->params(), std::vector<float>(w.begin(), w.end()));
 }
 
+// Layer by layer (sequential calibration): the stream carried through advance_layer gives every layer the
+// inputs the full forward gives it, bit for bit, with fp32 and with bf16 storage; and a weight changed in a
+// layer already passed does not reach the stream.
+TEST(ModelCalibration, LayerByLayerInputsEqualTheFullForwards) {
+  auto dev = make_cpu_device();
+  Config c = tiny();
+  c.layers = 3;
+  const auto w = test_params(c, 7);
+  const auto batch = random_batch(2, 16, 8);
+  for (const Policy p : {Policy::fp32, Policy::bf16_pure}) {
+    SCOPED_TRACE(policy_name(p));
+    auto t = make_trainer_cpu(c, options(p), *dev, w);
+    const auto full = t->linear_inputs(batch);
+    std::vector<float> x;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const auto in = t->layer_linear_inputs(batch, l, x);
+      for (int k = 0; k < 4; ++k) ASSERT_EQ(in[k], full[l][k]) << "layer " << l << ", input " << k;
+      if (l + 1 < c.layers) t->advance_layer(batch, l, x);
+    }
+    EXPECT_EQ(x.size(), static_cast<std::size_t>(32 * c.dim));
+    EXPECT_THROW(t->advance_layer(batch, c.layers, x), Error);
+    std::vector<float> empty;
+    EXPECT_THROW(t->layer_linear_inputs(batch, 1, empty), Error);  // the embedding enters layer 0 only
+    std::vector<float> short_stream(5);
+    EXPECT_THROW(t->advance_layer(batch, 1, short_stream), Error);
+  }
+  // Layer 0's down projection changed after the stream left it: layer 1's inputs from the stream are the
+  // old weights', the full forward's the new ones'.
+  auto t = make_trainer_cpu(c, options(Policy::fp32), *dev, w);
+  std::vector<float> x;
+  t->advance_layer(batch, 0, x);
+  auto w2 = w;
+  const ParamLayout L = param_layout(c);
+  for (int64_t i = 0; i < c.dim * c.ffn; ++i) w2[L.layer[0].wd + i] *= 0.5f;
+  const auto before = t->layer_linear_inputs(batch, 1, x);
+  t->set_trainable(w2);
+  EXPECT_EQ(t->layer_linear_inputs(batch, 1, x)[0], before[0]);
+  EXPECT_NE(t->linear_inputs(batch)[1][0], before[0]);
+}
+
 TEST(PrecisionSuite, ACorpusWithAnotherChecksumIsAClearError) {
   if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << kFortunes << " is absent; apt-get install fortunes";
   const Technique& t = registry().get("precision");

@@ -184,18 +184,24 @@ class ModelQuantWorkload final : public Workload {
     const int64_t D = t.cfg.dim, KV = t.cfg.kv_dim(), F = t.cfg.ffn;
     double num = 0, den = 0;
     const bool sequential = p.sequential && quantizer.starts_with("gptq");
-    // The calibration passes of a sequential GPTQ run on a device of their own, outside the tracked one.
+    // Sequential: layer l's inputs from the model whose layers before l are already quantized (params_), as
+    // GPTQ's and AutoGPTQ's layer-by-layer pass takes them; the first layer's are the fp32 model's. Each
+    // calibration batch's residual stream is carried from layer to layer through the quantized layers, on a
+    // device of its own, outside the tracked one.
     const std::unique_ptr<Device> host = sequential ? make_cpu_device() : nullptr;
+    std::unique_ptr<model::Trainer> calib;
+    std::vector<std::vector<float>> stream(t.calib_batches.size());
+    if (sequential) calib = model::make_trainer_cpu(t.cfg, t.opts, *host, params_);
     for (std::size_t l = 0; l < L.layer.size(); ++l) {
       const auto& P = L.layer[l];
-      // Sequential: layer l's inputs from the model whose layers before l are already quantized (params_),
-      // as GPTQ's and AutoGPTQ's layer-by-layer pass takes them; the first layer's are the fp32 model's.
       model::Trainer::LinearInputs seq;
       if (sequential && l > 0) {
-        auto tr = model::make_trainer_cpu(t.cfg, t.opts, *host, params_);
-        for (const datasets::Batch& b : t.calib_batches) {
-          auto all = tr->linear_inputs(b);
-          for (int k = 0; k < 4; ++k) seq[k].insert(seq[k].end(), all[l][k].begin(), all[l][k].end());
+        calib->set_trainable(params_);  // layer l - 1 quantized
+        for (std::size_t i = 0; i < stream.size(); ++i) {
+          const datasets::Batch& b = t.calib_batches[i];
+          calib->advance_layer(b, static_cast<int64_t>(l) - 1, stream[i]);
+          auto in = calib->layer_linear_inputs(b, static_cast<int64_t>(l), stream[i]);
+          for (int k = 0; k < 4; ++k) seq[k].insert(seq[k].end(), in[k].begin(), in[k].end());
         }
       }
       const auto& in = sequential && l > 0 ? seq : t.calib[l];
