@@ -173,7 +173,7 @@ class Trainer {
   using LinearInputs = std::array<std::vector<float>, 4>;
   virtual std::vector<LinearInputs> linear_inputs(const datasets::Batch& b);
   // The same one layer at a time, for calibration that changes the weights between layers (sequential
-  // GPTQ: L layer forwards in all where linear_inputs per layer would take L full ones). `x` is batch b's
+  // GPTQ: about 2L layer forwards in all, where linear_inputs per layer takes L full ones). `x` is batch b's
   // residual stream entering layer l, fp32 [batch * seq x dim]; empty with l = 0 for the embedding (then it
   // is filled). layer_linear_inputs gives layer l's inputs from it; advance_layer replaces it by layer l's
   // output. Both at the current weights; for a stream that came through the same weights, the values
