@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,9 @@
 #include "harness/results.hpp"
 #include "harness/runner.hpp"
 #include "harness/suite.hpp"
+#include "impls/quant/calibration.hpp"
+#include "impls/quant/formats.hpp"
+#include "impls/quant/quantizers.hpp"
 #include "test_util.hpp"
 
 using namespace memtrade;
@@ -218,4 +222,58 @@ TEST(QuantModel, SequentialGptqCalibratesLaterLayersOnTheQuantizedModel) {
     EXPECT_TRUE(by.count("2/fp32/" + impl)) << impl;
     EXPECT_FALSE(by.count("2/seq/" + impl)) << impl << " does not take sequential calibration";
   }
+}
+
+// The quant technique's calibration settings reach the quantizers: `gptq-act-order` is GPTQ with
+// act_order on the case's calib_rows calibration rows (the first min(calib_rows, 256) of the draw and
+// the rows after the measured and held-out ones), with the channels shared_factors makes correlated.
+// RTN's held-out error does not depend on calib_rows (the held-out rows do not move).
+TEST(Quant, CalibrationParametersReachTheQuantizers) {
+  namespace fs = std::filesystem;
+  const fs::path dir = test::scratch_dir() / "quant_calibration";
+  fs::create_directories(dir);
+  std::ofstream(dir / "q.json") << R"({"suite": "q", "technique": "quant", "x_param": "n",
+    "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"n": [16], "k": [64], "m": [1],
+      "format": ["int4-g32"], "quantizer": ["rtn", "gptq", "gptq-act-order"], "calib_rows": [256, 300],
+      "shared_factors": [4]}]}}})";
+  RunOptions o;
+  o.suites = {"q"};
+  o.profile = "test";
+  o.backend = "cpu";
+  o.suites_dir = dir;
+  o.out = (dir / "results.json").string();
+  o.verbose = false;
+  o.probe = false;
+  o.filter = "/reference$";  // the counters compared are the quantizers', the same for every implementation
+  run_suites(registry(), o);
+  std::map<std::string, double> weight_err, held;  // by "quantizer/calib_rows", reference records
+  for (const auto& s : load_results(o.out).cases) {
+    if (s.status != "ok" || s.impl != "reference") continue;
+    const std::string key = s.params.at("quantizer").get<std::string>() + "/" + std::to_string(s.params.at("calib_rows").get<int>());
+    weight_err[key] = s.counters.at("weight_rel_l2_err");
+    held[key] = s.counters.at("heldout_output_mse");
+  }
+  ASSERT_EQ(weight_err.size(), 6u);
+  EXPECT_EQ(held.at("rtn/256"), held.at("rtn/300"));
+  const int64_t N = 16, K = 64, calib = 300, measured = 1, held_rows = 256;
+  const auto W = quant::synthetic_weights(N, K, 11);
+  const auto all = quant::synthetic_activations(256 + measured + held_rows + (calib - 256), K, 13, 0.01, 50, 4);
+  std::vector<float> X(all.begin(), all.begin() + 256 * K);
+  X.insert(X.end(), all.begin() + (256 + measured + held_rows) * K, all.end());
+  const quant::Spec spec = quant::parse_spec("int4-g32");
+  quant::GptqOptions act;
+  act.act_order = true;
+  auto rel_l2 = [&](const std::vector<float>& deq) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < W.size(); ++i) {
+      num += std::pow(static_cast<double>(deq[i]) - W[i], 2);
+      den += std::pow(static_cast<double>(W[i]), 2);
+    }
+    return std::sqrt(num / den);
+  };
+  const double plain = rel_l2(quant::quantize_gptq(spec, W.data(), N, K, X.data(), calib).deq);
+  const double ordered = rel_l2(quant::quantize_gptq(spec, W.data(), N, K, X.data(), calib, act).deq);
+  ASSERT_NE(plain, ordered);
+  EXPECT_EQ(weight_err.at("gptq/300"), plain);
+  EXPECT_EQ(weight_err.at("gptq-act-order/300"), ordered);
 }

@@ -16,6 +16,8 @@ namespace {
 constexpr uint64_t kValues = 0x51A7E5C0FFEE0001ull;
 constexpr uint64_t kChannels = 0x51A7E5C0FFEE0002ull;
 constexpr uint64_t kFactors = 0x51A7E5C0FFEE0003ull;
+constexpr uint64_t kShared = 0x51A7E5C0FFEE0004ull;  // f: each row's shared factors
+constexpr uint64_t kMixing = 0x51A7E5C0FFEE0005ull;  // B: each channel's loadings on them
 
 void check_sizes(const char* what, int64_t rows, int64_t cols) {
   MT_CHECK(rows > 0 && cols > 0, std::string(what) + ": sizes must be positive (got " + std::to_string(rows) + " x " +
@@ -45,18 +47,35 @@ std::vector<int64_t> synthetic_outlier_channels(int64_t K, uint64_t seed, double
 }
 
 std::vector<float> synthetic_activations(int64_t n, int64_t K, uint64_t seed, double outlier_fraction,
-                                         double outlier_scale) {
+                                         double outlier_scale, int64_t shared_factors, double factor_share) {
   check_sizes("synthetic_activations", n, K);
   MT_CHECK(std::isfinite(outlier_scale) && outlier_scale > 0, "synthetic_activations: outlier_scale must be positive");
+  MT_CHECK(shared_factors >= 0, "synthetic_activations: shared_factors must not be negative");
+  MT_CHECK(std::isfinite(factor_share) && factor_share >= 0 && factor_share <= 1,
+           "synthetic_activations: factor_share must lie in [0, 1]");
   std::vector<double> factor(static_cast<std::size_t>(K), 1.0);
   for (const int64_t c : synthetic_outlier_channels(K, seed, outlier_fraction))
     factor[c] = outlier_scale * std::exp2(2.0 * datasets::uniform01(seed ^ kFactors, static_cast<uint64_t>(c)) - 1.0);
+  const int64_t r = shared_factors;
+  const double own = r > 0 ? std::sqrt(1.0 - factor_share) : 1.0, mixed = r > 0 ? std::sqrt(factor_share / r) : 0.0;
+  std::vector<double> B(static_cast<std::size_t>(r * K)), f(static_cast<std::size_t>(r));
+  for (std::size_t i = 0; i < B.size(); ++i) B[i] = datasets::normal(seed ^ kMixing, i);
+  for (int64_t k = 0; k < K; ++k) {  // each channel's loadings scaled to squared norm r: variance exactly 1
+    double sq = 0;
+    for (int64_t j = 0; j < r; ++j) sq += B[j * K + k] * B[j * K + k];
+    const double to_r = sq > 0 ? std::sqrt(static_cast<double>(r) / sq) : 0.0;
+    for (int64_t j = 0; j < r; ++j) B[j * K + k] *= to_r;
+  }
   std::vector<float> x(static_cast<std::size_t>(n * K));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < K; ++k) {
-      const auto at = static_cast<uint64_t>(i * K + k);
-      x[at] = static_cast<float>(factor[k] * datasets::normal(seed ^ kValues, at));
+  std::vector<double> row(static_cast<std::size_t>(K));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < K; ++k) row[k] = own * datasets::normal(seed ^ kValues, static_cast<uint64_t>(i * K + k));
+    for (int64_t j = 0; j < r; ++j) {
+      const double fj = mixed * datasets::normal(seed ^ kShared, static_cast<uint64_t>(i * r + j));
+      for (int64_t k = 0; k < K; ++k) row[k] += fj * B[j * K + k];
     }
+    for (int64_t k = 0; k < K; ++k) x[i * K + k] = static_cast<float>(factor[k] * row[k]);
+  }
   return x;
 }
 

@@ -4,10 +4,11 @@
 // Case parameters: n (output rows), k (input columns), m (activation rows; 1 = matvec), format (a
 // formats.hpp spec name such as "int4-g128", or "fp32" / "bf16" for the dense baselines: matvec, or up to
 // m = kMatmulSmallBatch through the dense small-batch kernel, so that a quantized small batch has its
-// dense counterpart), quantizer
-// ("rtn", "gptq", "awq"). Weights and calibration activations are synthetic (calibration.hpp: Gaussian
-// weights, activations with 1% outlier channels 25-100x larger; the calibration rows and the measured
-// rows share their outlier channels). The trained model's figures are the quant_model technique's
+// dense counterpart), quantizer ("rtn", "gptq", "gptq-act-order": GPTQ with its act_order option,
+// "awq"). Weights and calibration activations are synthetic (calibration.hpp: Gaussian weights,
+// activations with 1% outlier channels 25-100x larger; the calibration rows and the measured rows share
+// their outlier channels; calib_rows of them calibrate, and with shared_factors > 0 the channels are
+// correlated: calibration.hpp). The trained model's figures are the quant_model technique's
 // (impls/quant_model).
 //
 // Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
@@ -47,6 +48,8 @@ struct QuantCase {
   DType dense_dtype = DType::f32;
   Spec spec;
   std::string quantizer;
+  int64_t calib_rows = 256;  // rows GPTQ and AWQ calibrate on
+  int64_t shared_factors = 0;  // 0: independent input channels; r: correlated through r shared factors
 };
 
 QuantCase read_case(const Case& c) {
@@ -60,8 +63,12 @@ QuantCase read_case(const Case& c) {
   if (q.dense) q.dense_dtype = f == "fp32" ? DType::f32 : DType::bf16;
   else q.spec = parse_spec(f);
   q.quantizer = c.text("quantizer", "rtn");
-  MT_CHECK(q.quantizer == "rtn" || q.quantizer == "gptq" || q.quantizer == "awq",
-           "case " + c.id + ": quantizer must be rtn, gptq or awq, got '" + q.quantizer + "'");
+  q.calib_rows = c.integer("calib_rows", 256);
+  MT_CHECK(q.calib_rows > 0, "case " + c.id + ": calib_rows must be positive");
+  q.shared_factors = c.integer("shared_factors", 0);
+  MT_CHECK(q.shared_factors >= 0, "case " + c.id + ": shared_factors must not be negative");
+  MT_CHECK(q.quantizer == "rtn" || q.quantizer == "gptq" || q.quantizer == "gptq-act-order" || q.quantizer == "awq",
+           "case " + c.id + ": quantizer must be rtn, gptq, gptq-act-order or awq, got '" + q.quantizer + "'");
   MT_CHECK(!q.dense || q.m <= kMatmulSmallBatch,
            "case " + c.id + ": the dense baselines run up to m = " + std::to_string(kMatmulSmallBatch) +
                " (a matvec, or the small-batch kernel), got m = " + std::to_string(q.m));
@@ -89,12 +96,17 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   // The calibration rows and the measured input rows come from one draw, so they share the outlier
   // channels (in a model these are fixed features of the layer's input), but are different rows.
   // A third set of rows from the same draw, held out from calibration, scores GPTQ and AWQ out of
-  // sample (they minimize the layer-output error on their calibration rows).
-  const int64_t n_calib = 256, n_held = 256;
-  const auto all = synthetic_activations(n_calib + q.m + n_held, q.k, 13);
-  const std::vector<float> X(all.begin(), all.begin() + n_calib * q.k);
-  p->x.assign(all.begin() + n_calib * q.k, all.begin() + (n_calib + q.m) * q.k);
-  const std::vector<float> held(all.begin() + (n_calib + q.m) * q.k, all.end());
+  // sample (they minimize the layer-output error on their calibration rows). Rows of the draw: the first
+  // min(calib_rows, 256) calibration rows, the m measured rows, the 256 held-out rows, then any further
+  // calibration rows, so the measured and held-out rows do not depend on calib_rows.
+  const int64_t n_held = 256, n_first = std::min<int64_t>(q.calib_rows, 256), n_extra = q.calib_rows - n_first;
+  const auto all = synthetic_activations(256 + q.m + n_held + n_extra, q.k, 13, 0.01, 50, q.shared_factors);
+  const auto row = [&](int64_t i) { return all.begin() + i * q.k; };
+  std::vector<float> X(row(0), row(n_first));
+  X.insert(X.end(), row(256 + q.m + n_held), all.end());
+  p->x.assign(row(256), row(256 + q.m));
+  const std::vector<float> held(row(256 + q.m), row(256 + q.m + n_held));
+  const int64_t n_calib = q.calib_rows;
   p->oracle.assign(q.m * q.n, 0.0);
   for (int64_t i = 0; i < q.m; ++i)
     for (int64_t r = 0; r < q.n; ++r) {
@@ -106,9 +118,12 @@ std::unique_ptr<Problem> prepare(const Case& c) {
     for (float v : p->w) p->w_bf16.push_back(to_bf16(v));
     return p;
   }
-  QuantResult res = q.quantizer == "gptq"  ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
-                    : q.quantizer == "awq" ? quantize_awq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
-                                           : quantize_rtn(q.spec, p->w.data(), q.n, q.k);
+  GptqOptions act_order;
+  act_order.act_order = true;
+  QuantResult res = q.quantizer == "gptq"             ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
+                    : q.quantizer == "gptq-act-order" ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib, act_order)
+                    : q.quantizer == "awq"            ? quantize_awq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
+                                                      : quantize_rtn(q.spec, p->w.data(), q.n, q.k);
   p->L = layout(q.spec, q.n, q.k);
   p->blob.assign(p->L.total_bytes(), 0);
   std::vector<float> stored = res.deq;
@@ -292,7 +307,7 @@ ClaimResult check_int4_7b(const ClaimSpec& spec, const std::vector<Record>& recs
 void register_technique(Registry& r) {
   Technique t;
   t.name = "quant";
-  t.description = "quantized weights (INT8, INT4, FP8, NF4; RTN, GPTQ, AWQ) in matvec / matmul";
+  t.description = "quantized weights (INT8, INT4, FP8, NF4; RTN, GPTQ with or without act_order, AWQ) in matvec / matmul";
   t.validate = [](const Case& c) { read_case(c); };
   t.schema.params = {
       int_param("n", "output rows of the weight matrix"),
@@ -301,7 +316,13 @@ void register_technique(Registry& r) {
       text_param("format",
                  "fp32 | bf16 (dense baselines) | int8 | int4[-asym]-gG | fp8-e4m3 | fp8-e5m2 | nf4[-dq] "
                  "(-gG: group size G, default 128)"),
-      text_param("quantizer", "how the codes are chosen", "rtn", {"rtn", "gptq", "awq"}),
+      text_param("quantizer", "how the codes are chosen (gptq-act-order: columns by descending Hessian diagonal)", "rtn",
+                 {"rtn", "gptq", "gptq-act-order", "awq"}),
+      int_param("calib_rows", "calibration rows for GPTQ and AWQ (GPTQ's Hessian has rank at most this)", 256),
+      int_param("shared_factors",
+                "0: independent input channels; r: each channel 90% a mix of r factors shared by all channels "
+                "(correlated, as a model's hidden states; GPTQ's error feedback needs correlation to gain)",
+                0, 0),
   };
   t.schema.metrics = {
       {"weight_bytes", "bytes", Better::lower, Gate::exact, 0, 0, "bytes of the stored weight blob"},
