@@ -717,26 +717,40 @@ def largest_cases(cases, key_params):
     return list(best.values())
 
 
+def quant_calibration(c):
+    """(shared_factors, calib_rows) of a quant case: the calibration data its GPTQ / AWQ saw."""
+    return int(c.params.get("shared_factors", 0) or 0), int(c.params.get("calib_rows", 256) or 256)
+
+
 def quant_figures(cases):
-    """Bits per weight against the weights' and the outputs' error, and the kernels' bandwidth per format."""
+    """Bits per weight against the weights' and the outputs' error (one held-out figure per calibration
+    setting: independent or correlated channels, calibration rows), and the kernels' bandwidth per format."""
     figs = []
+    refs = [c for c in cases if c.impl == "reference"]
+    default = [c for c in refs if quant_calibration(c) == (0, 256)]
     pts = [(c.counters["bits_per_weight"], c.counters["weight_rel_l2_err"], c.params.get("quantizer", c.impl),
             c.params.get("format", "?"))
-           for c in largest_cases([c for c in cases if c.impl == "reference"], ("format", "quantizer"))
+           for c in largest_cases(default, ("format", "quantizer"))
            if _isnum(c.counters.get("bits_per_weight")) and plottable(c.counters.get("weight_rel_l2_err"))]
     if pts:
         figs.append(figure("Storage per weight (codes, scales, zero points) against the weights' relative L2 "
                            "reconstruction error, at the largest shape; colour = quantizer, marker = format.",
                            scatter_labelled(pts, "quant: bits per weight vs weight error", "bits per weight",
                                             "weight relative L2 error (log)")))
-    pts = [(c.counters["bits_per_weight"], c.counters["heldout_output_mse"], c.params.get("quantizer", c.impl),
-            c.params.get("format", "?"))
-           for c in largest_cases([c for c in cases if c.impl == "reference"], ("format", "quantizer"))
-           if _isnum(c.counters.get("bits_per_weight")) and plottable(c.counters.get("heldout_output_mse"))]
-    if pts:
-        figs.append(figure("Output error on held-out inputs (not the calibration rows GPTQ/AWQ fit).",
-                           scatter_labelled(pts, "quant: bits per weight vs held-out output MSE", "bits per weight",
-                                            "held-out output MSE (log)")))
+    for setting in sorted({quant_calibration(c) for c in refs}):
+        factors, rows = setting
+        pts = [(c.counters["bits_per_weight"], c.counters["heldout_output_mse"], c.params.get("quantizer", c.impl),
+                c.params.get("format", "?"))
+               for c in largest_cases([c for c in refs if quant_calibration(c) == setting], ("format", "quantizer"))
+               if _isnum(c.counters.get("bits_per_weight")) and plottable(c.counters.get("heldout_output_mse"))]
+        if not pts:
+            continue
+        channels = (f"channels correlated through {factors} shared factors" if factors else "independent channels")
+        figs.append(figure(f"Output error on held-out inputs (not the calibration rows GPTQ/AWQ fit): {channels}, "
+                           f"{rows} calibration rows. With independent channels GPTQ has only the sample's noise to "
+                           "fit; correlated channels give its error feedback something to use.",
+                           scatter_labelled(pts, f"quant: held-out output MSE, {channels}, {rows} calibration rows",
+                                            "bits per weight", "held-out output MSE (log)")))
     matvec = [c for c in cases if c.ok and str(c.params.get("m")) == "1" and _isnum(c.counters.get("gbytes_per_s"))
               and c.params.get("quantizer", "rtn") == "rtn"]
     if matvec:

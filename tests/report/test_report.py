@@ -270,6 +270,11 @@ def check_domain_figures(checks, report, workdir):
     bench = [entry("quant", "quant", "reference", {"n": 64, "k": 64, "format": f, "quantizer": "rtn"},
                    {"bits_per_weight": b, "weight_rel_l2_err": e, "heldout_output_mse": e * e, "peak_bytes": 4096})
              for f, b, e in (("int8", 8.25, 0.01), ("int4-g128", 4.13, 0.1))]
+    # the same layer on correlated channels: a held-out figure of its own, not points mixed into the first
+    bench += [entry("quant", "quant", "reference", {"n": 64, "k": 64, "format": f, "quantizer": "gptq",
+                                                    "calib_rows": 4096, "shared_factors": 32},
+                    {"bits_per_weight": b, "weight_rel_l2_err": e, "heldout_output_mse": e * e / 10, "peak_bytes": 4096})
+              for f, b, e in (("int8", 8.25, 0.02), ("int4-g128", 4.13, 0.2))]
     bench += [entry("kvcache_model", "kvcache_model", "paged", {"kv_dtype": t, "seq": 64},
                     {"perplexity_rel_delta": d, "perplexity_rel_delta_se": d / 4, "kv_bytes_per_token": b,
                      "peak_bytes": 1 << 20})
@@ -279,8 +284,12 @@ def check_domain_figures(checks, report, workdir):
                                                                             "x_param": "seq"}}}},
            "benchmarks": bench}
     html = render(checks, report, doc, os.path.join(workdir, "report-domain.html"), "report of domain counters runs")
-    for alt in ("quant: bits per weight vs held-out output MSE", "kvcache_model: KV bytes per token vs perplexity change"):
+    for alt in ("quant: held-out output MSE, independent channels, 256 calibration rows",
+                "quant: held-out output MSE, channels correlated through 32 shared factors, 4096 calibration rows",
+                "kvcache_model: KV bytes per token vs perplexity change"):
         checks.ok(f'alt="{alt}"' in html, f"figure '{alt}' drawn from its counters")
+    checks.ok(html.count('alt="quant: bits per weight vs weight error"') == 1,
+              "one weight-error figure, of the default calibration's cases")
 
 
 def main(argv=None):
