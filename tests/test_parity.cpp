@@ -180,30 +180,43 @@ TEST(Parity, EverySuiteFilePassesItsTechniquesSchema) {
   }
 }
 
-// quant_model's `sequential` (GPTQ's layer-by-layer calibration) on the test profile's tiny model: with one
-// layer its inputs are the fp32 model's either way, so sequential GPTQ gives the same weights and
-// perplexity to the bit; with two, the second layer is calibrated on the quantized first layer's outputs
-// and its weights differ. RTN and AWQ do not take it (not run).
-TEST(QuantModel, SequentialGptqCalibratesLaterLayersOnTheQuantizedModel) {
+namespace {
+
+// Runs the test profile of a suite file written into a scratch directory (CPU, no probe) and returns the
+// results file's path.
+std::string run_scratch_suite(const std::string& name, const std::string& json, const std::string& filter = "") {
   namespace fs = std::filesystem;
-  const fs::path dir = test::scratch_dir() / "quant_model_sequential";
+  const fs::path dir = test::scratch_dir() / name;
   fs::create_directories(dir);
-  std::ofstream(dir / "seq.json") << R"({"suite": "seq", "technique": "quant_model", "x_param": "layers",
-    "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"dim": [32], "layers": [1, 2],
-      "heads": [2], "kv_heads": [1], "ffn": [64], "context": [16], "batch": [2], "steps": [20], "lr": [0.003],
-      "warmup_steps": [2], "eval_batches": [2], "seed": [1], "calib_batches": [2], "format": ["int4-g32"],
-      "sequential": [false, true]}]}}})";
+  std::ofstream(dir / (name + ".json")) << json;
   RunOptions o;
-  o.suites = {"seq"};
+  o.suites = {name};
   o.profile = "test";
   o.backend = "cpu";
   o.suites_dir = dir;
   o.out = (dir / "results.json").string();
   o.verbose = false;
   o.probe = false;
+  o.filter = filter;
   run_suites(registry(), o);
+  return o.out.string();
+}
+
+}  // namespace
+
+// quant_model's `sequential` (GPTQ's layer-by-layer calibration) on the test profile's tiny model: with one
+// layer its inputs are the fp32 model's either way, so sequential GPTQ gives the same weights and
+// perplexity to the bit; with two, the second layer is calibrated on the quantized first layer's outputs
+// and its weights differ. RTN and AWQ do not take it (not run).
+TEST(QuantModel, SequentialGptqCalibratesLaterLayersOnTheQuantizedModel) {
+  const std::string out = run_scratch_suite("quant_model_sequential", R"({"suite": "quant_model_sequential",
+    "technique": "quant_model", "x_param": "layers",
+    "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"dim": [32], "layers": [1, 2],
+      "heads": [2], "kv_heads": [1], "ffn": [64], "context": [16], "batch": [2], "steps": [20], "lr": [0.003],
+      "warmup_steps": [2], "eval_batches": [2], "seed": [1], "calib_batches": [2], "format": ["int4-g32"],
+      "sequential": [false, true]}]}}})");
   std::map<std::string, const Summary*> by;  // "layers/sequential/impl"
-  const LoadedResults loaded = load_results(o.out);
+  const LoadedResults loaded = load_results(out);
   for (const auto& s : loaded.cases) {
     if (s.status != "ok" || s.counters.count("rel_l2_err") == 0) continue;
     by[std::to_string(s.params.at("layers").get<int>()) + "/" + (s.params.at("sequential").get<bool>() ? "seq" : "fp32") +
@@ -229,25 +242,13 @@ TEST(QuantModel, SequentialGptqCalibratesLaterLayersOnTheQuantizedModel) {
 // the rows after the measured and held-out ones), with the channels shared_factors makes correlated.
 // RTN's held-out error does not depend on calib_rows (the held-out rows do not move).
 TEST(Quant, CalibrationParametersReachTheQuantizers) {
-  namespace fs = std::filesystem;
-  const fs::path dir = test::scratch_dir() / "quant_calibration";
-  fs::create_directories(dir);
-  std::ofstream(dir / "q.json") << R"({"suite": "q", "technique": "quant", "x_param": "n",
-    "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"n": [16], "k": [64], "m": [1],
-      "format": ["int4-g32"], "quantizer": ["rtn", "gptq", "gptq-act-order"], "calib_rows": [256, 300],
-      "shared_factors": [4]}]}}})";
-  RunOptions o;
-  o.suites = {"q"};
-  o.profile = "test";
-  o.backend = "cpu";
-  o.suites_dir = dir;
-  o.out = (dir / "results.json").string();
-  o.verbose = false;
-  o.probe = false;
-  o.filter = "/reference$";  // the counters compared are the quantizers', the same for every implementation
-  run_suites(registry(), o);
+  // the counters compared are the quantizers', the same for every implementation: the reference's suffice
+  const std::string out = run_scratch_suite("quant_calibration", R"({"suite": "quant_calibration", "technique": "quant",
+    "x_param": "n", "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"n": [16], "k": [64],
+      "m": [1], "format": ["int4-g32"], "quantizer": ["rtn", "gptq", "gptq-act-order"], "calib_rows": [256, 300],
+      "shared_factors": [4]}]}}})", "/reference$");
   std::map<std::string, double> weight_err, held;  // by "quantizer/calib_rows", reference records
-  for (const auto& s : load_results(o.out).cases) {
+  for (const auto& s : load_results(out).cases) {
     if (s.status != "ok" || s.impl != "reference") continue;
     const std::string key = s.params.at("quantizer").get<std::string>() + "/" + std::to_string(s.params.at("calib_rows").get<int>());
     weight_err[key] = s.counters.at("weight_rel_l2_err");
