@@ -519,6 +519,56 @@ TEST(QuantAwq, ResultIsRtnOfScaledWeights) {
   for (const int64_t c : outliers) EXPECT_GT(a.in_scale[c], normal_max) << c;
 }
 
+// AWQ's clipping search keeps the scale search's result (s, ratio) and, group by group of the scaled
+// weights, a step no larger than RTN's and a fit whose own output error on the calibration rows, computed here
+// directly from the rows (the search uses their Gram matrix), is no larger than the unclipped group's.
+// Out of sample it lowers the layer's error for each format it is defined for.
+TEST(QuantAwq, ClipNeverWidensAGroupAndLowersItsOwnError) {
+  const int64_t N = 24, K = 256, n = 512, held_rows = 512;
+  const auto W = synthetic_weights(N, K, 910);
+  const auto X = synthetic_activations(n + held_rows, K, 911);
+  AwqOptions clip;
+  clip.clip = true;
+  for (const Spec s : {int4(64), int4_asym(128), Spec{Format::nf4, 64, false, true}}) {
+    SCOPED_TRACE(spec_name(s));
+    const QuantResult a = quantize_awq(s, W.data(), N, K, X.data(), n);
+    const QuantResult c = quantize_awq(s, W.data(), N, K, X.data(), n, clip);
+    ASSERT_EQ(c.in_scale, a.in_scale);
+    ASSERT_EQ(c.awq_ratio, a.awq_ratio);
+    ASSERT_EQ(c.params.size(), a.params.size());
+    const int64_t G = group_size(s, K), groups = K / G;
+    int clipped = 0;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const GroupParams &pc = c.params[r * groups + g], &pa = a.params[r * groups + g];
+        EXPECT_LE(pc.scale, pa.scale) << r << "/" << g;  // the step (int4, int4-asym) or the absmax (nf4)
+        clipped += pc.scale < pa.scale;
+        double e_c = 0, e_a = 0;  // sum over the rows of the group's share of the output error, in x / s and W s
+        for (int64_t t = 0; t < n; ++t) {
+          double dc = 0, da = 0;
+          for (int64_t k = g * G; k < (g + 1) * G; ++k) {
+            const double xs = static_cast<double>(X[t * K + k]) / c.in_scale[k], s_k = c.in_scale[k];
+            const double w = static_cast<double>(W[r * K + k]) * s_k;
+            dc += xs * (static_cast<double>(c.deq[r * K + k]) * s_k - w);
+            da += xs * (static_cast<double>(a.deq[r * K + k]) * s_k - w);
+          }
+          e_c += dc * dc;
+          e_a += da * da;
+        }
+        EXPECT_LE(e_c, e_a * (1 + 1e-9)) << r << "/" << g;
+      }
+    EXPECT_GT(clipped, 0) << "some group is clipped";
+    const float* held = X.data() + n * K;
+    const double held_a = layer_output_mse(W.data(), a.deq.data(), N, K, held, held_rows);
+    const double held_c = layer_output_mse(W.data(), c.deq.data(), N, K, held, held_rows);
+    std::printf("[ measured ] %-14s held-out output mse: AWQ %.4e, with clipping %.4e (%.3fx); %d of %lld groups clipped\n",
+                spec_name(s).c_str(), held_a, held_c, held_c / held_a, clipped, static_cast<long long>(N * groups));
+    EXPECT_LT(held_c, held_a);
+  }
+  for (const char* name : {"int8", "nf4-dq", "fp8-e4m3"})
+    EXPECT_THROW(quantize_awq(parse_spec(name), W.data(), N, K, X.data(), n, clip), Error) << name;
+}
+
 TEST(QuantAwq, GridOfOneIsRtn) {
   const Layer L = make_layer(8, 64, 32, 950);
   AwqOptions o;

@@ -64,6 +64,52 @@ double output_mse(const float* W, const float* Wq, int64_t N, int64_t K, const s
 
 std::vector<double> to_double(const float* a, int64_t count) { return std::vector<double>(a, a + count); }
 
+// AWQ's weight-clipping search (quantize_awq with clip) on the scaled weights Ws = W s [N x K] and the
+// scaled calibration inputs Xs = X / s [n x K]: r.params and r.deq (still scaled) replaced group by group.
+void clip_search(const Spec& spec, const std::vector<float>& Ws, int64_t N, int64_t K, const std::vector<double>& Xs,
+                 int64_t n, QuantResult& r) {
+  constexpr int kSteps = 10;         // a = 1 - 0.05 i, i < 10: llm-awq's n_grid 20 with max_shrink 0.5
+  constexpr double kStep = 0.05;
+  const int64_t G = group_size(spec, K), groups = (K + G - 1) / G;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t c0 = g * G, gc = std::min(G, K - c0);
+    std::vector<double> C(static_cast<std::size_t>(gc * gc));  // the group's columns of Xs^T Xs
+    blas::dgemm(true, false, gc, gc, n, 1.0, Xs.data() + c0, K, Xs.data() + c0, K, 0.0, C.data(), gc);
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < N; ++row) {
+      const float* w = Ws.data() + row * K + c0;
+      float amax = 0.f;
+      for (int64_t c = 0; c < gc; ++c) amax = std::max(amax, std::abs(w[c]));
+      std::vector<float> clipped(static_cast<std::size_t>(gc)), deq(static_cast<std::size_t>(gc)), best(deq);
+      std::vector<double> d(static_cast<std::size_t>(gc));
+      double best_err = std::numeric_limits<double>::infinity();
+      GroupParams best_p{};
+      for (int i = 0; i < kSteps; ++i) {
+        const float mx = static_cast<float>(static_cast<double>(amax) * (1.0 - kStep * i));
+        for (int64_t c = 0; c < gc; ++c) clipped[c] = std::clamp(w[c], -mx, mx);
+        const GroupParams p = fit_group(spec, clipped.data(), gc);
+        for (int64_t c = 0; c < gc; ++c) {
+          deq[c] = qdq(spec, clipped[c], p);
+          d[c] = static_cast<double>(deq[c]) - w[c];
+        }
+        double err = 0;
+        for (int64_t a = 0; a < gc; ++a) {
+          double row_sum = 0;
+          for (int64_t b = 0; b < gc; ++b) row_sum += C[a * gc + b] * d[b];
+          err += d[a] * row_sum;
+        }
+        if (err < best_err) {
+          best_err = err;
+          best_p = p;
+          best.swap(deq);
+        }
+      }
+      r.params[row * groups + g] = best_p;
+      std::copy(best.begin(), best.end(), r.deq.begin() + row * K + c0);
+    }
+  }
+}
+
 }  // namespace
 
 QuantResult quantize_rtn(const Spec& spec, const float* W, int64_t N, int64_t K) {
@@ -86,6 +132,9 @@ QuantResult quantize_awq(const Spec& spec, const float* W, int64_t N, int64_t K,
   MT_CHECK(opt.grid >= 1, std::string(fn) + ": grid must be >= 1 (got " + std::to_string(opt.grid) + ")");
   detail::check_finite(fn, "W", W, N, K);
   detail::check_finite(fn, "X", X, n_samples, K);
+  MT_CHECK(!opt.clip || awq_clip_applies(spec),
+           std::string(fn) + ": weight clipping is defined for the group-wise 4-bit formats (int4, int4-asym, nf4 "
+                             "without double quantization), not " + spec_name(spec));
 
   const std::vector<double> Xd = to_double(X, n_samples * K);
   std::vector<double> x_mean(static_cast<std::size_t>(K), 0.0);
@@ -118,6 +167,17 @@ QuantResult quantize_awq(const Spec& spec, const float* W, int64_t N, int64_t K,
     }
   }
   MT_CHECK(!best.deq.empty(), std::string(fn) + ": the output error is not finite for any scale ratio");
+  if (opt.clip) {
+    std::vector<float>& sc = best.in_scale;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k) scaled[r * K + k] = W[r * K + k] * sc[k];
+    std::vector<double> Xs(Xd);
+    for (int64_t i = 0; i < n_samples; ++i)
+      for (int64_t k = 0; k < K; ++k) Xs[i * K + k] /= sc[k];
+    clip_search(spec, scaled, N, K, Xs, n_samples, best);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < K; ++k) best.deq[r * K + k] /= sc[k];
+  }
   return best;
 }
 

@@ -57,19 +57,32 @@ QuantResult quantize_gptq(const Spec& spec, const float* W, int64_t N, int64_t K
                           const GptqOptions& opt = {});
 
 struct AwqOptions {
-  int grid = 20;  // ratios 0, 1/grid, ..., (grid-1)/grid
+  int grid = 20;      // ratios 0, 1/grid, ..., (grid-1)/grid
+  bool clip = false;  // then AWQ's weight-clipping search on the scaled weights (below)
 };
 
-// AWQ scale search (without AWQ's separate weight-clipping search). x_mean_k = mean_i |X_ik|; for each
+// AWQ scale search, optionally followed by its weight-clipping search. x_mean_k = mean_i |X_ik|; for each
 // ratio: s_k = max(x_mean_k^ratio, 1e-4), divided by sqrt(max(s) * min(s)); candidate = RTN(W * s) / s
 // (column k scaled by s_k); the ratio with the smallest layer_output_mse on X wins (first one on ties).
 // Ratio 0 is s = 1, exactly RTN, so the chosen candidate's MSE on X never exceeds RTN's.
 // Result: deq = RTN(W * s) / s, params = those of RTN(W * s) (the scaled weights are what gets stored),
 // in_scale = s. A runtime that stores the scaled weights must feed them x / s (divide the input
 // channel-wise, or fold 1/s into the preceding layer, e.g. an RMSNorm weight) — deq is the effective
-// weight of that composition. Throws Error for bad sizes, NaN/Inf in W or X, grid < 1.
+// weight of that composition.
+// clip (llm-awq's auto_clip): for each row and group of the scaled weights W s, the range the group is
+// fitted to is clipped to +- a max|w| with a = 1, 0.95, ..., 0.55, and the a that minimizes the group's
+// own output error on the calibration rows, d^T C d with d = qdq(clip(w)) - w and C = the group's columns
+// of (X / s)^T (X / s), is kept (a = 1 first: ties keep the unclipped fit). Clipping trades the rare
+// large weights' error for a finer step on all the others. Defined for the group-wise 4-bit formats
+// (int4, int4-asym, nf4 without double quantization); llm-awq applies it to every projection but the
+// attention's q and k. Throws Error for bad sizes, NaN/Inf in W or X, grid < 1, clip with another format.
 QuantResult quantize_awq(const Spec& spec, const float* W, int64_t N, int64_t K, const float* X, int64_t n_samples,
                          const AwqOptions& opt = {});
+
+// Whether AwqOptions::clip is defined for the format: int4, int4-asym, nf4 without double quantization.
+inline bool awq_clip_applies(const Spec& s) {
+  return (s.format == Format::int4 || s.format == Format::int4_asym || s.format == Format::nf4) && !s.double_quant;
+}
 
 // Mean over samples and output rows of (X W^T - X Wq^T)^2, accumulated in float64.
 double layer_output_mse(const float* W, const float* Wq, int64_t N, int64_t K, const float* X, int64_t n_samples);

@@ -5,10 +5,10 @@
 // formats.hpp spec name such as "int4-g128", or "fp32" / "bf16" for the dense baselines: matvec, or up to
 // m = kMatmulSmallBatch through the dense small-batch kernel, so that a quantized small batch has its
 // dense counterpart), quantizer ("rtn", "gptq", "gptq-act-order": GPTQ with its act_order option,
-// "awq"). Weights and calibration activations are synthetic (calibration.hpp: Gaussian weights,
-// activations with 1% outlier channels 25-100x larger; the calibration rows and the measured rows share
-// their outlier channels; calib_rows of them calibrate, and with shared_factors > 0 the channels are
-// correlated: calibration.hpp). The trained model's figures are the quant_model technique's
+// "awq", "awq-clip": AWQ with its weight-clipping search). Weights and calibration activations are
+// synthetic (calibration.hpp: Gaussian weights, activations with 1% outlier channels 25-100x larger; the
+// calibration rows and the measured rows share their outlier channels; calib_rows of them calibrate, and
+// with shared_factors > 0 the channels are correlated). The trained model's figures are the quant_model technique's
 // (impls/quant_model).
 //
 // Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
@@ -67,12 +67,16 @@ QuantCase read_case(const Case& c) {
   MT_CHECK(q.calib_rows > 0, "case " + c.id + ": calib_rows must be positive");
   q.shared_factors = c.integer("shared_factors", 0);
   MT_CHECK(q.shared_factors >= 0, "case " + c.id + ": shared_factors must not be negative");
-  MT_CHECK(q.quantizer == "rtn" || q.quantizer == "gptq" || q.quantizer == "gptq-act-order" || q.quantizer == "awq",
-           "case " + c.id + ": quantizer must be rtn, gptq, gptq-act-order or awq, got '" + q.quantizer + "'");
+  MT_CHECK(q.quantizer == "rtn" || q.quantizer == "gptq" || q.quantizer == "gptq-act-order" || q.quantizer == "awq" ||
+               q.quantizer == "awq-clip",
+           "case " + c.id + ": quantizer must be rtn, gptq, gptq-act-order, awq or awq-clip, got '" + q.quantizer + "'");
   MT_CHECK(!q.dense || q.m <= kMatmulSmallBatch,
            "case " + c.id + ": the dense baselines run up to m = " + std::to_string(kMatmulSmallBatch) +
                " (a matvec, or the small-batch kernel), got m = " + std::to_string(q.m));
   if (!q.dense) layout(q.spec, q.n, q.k);  // validates the group against the shape
+  MT_CHECK(q.quantizer != "awq-clip" || (!q.dense && awq_clip_applies(q.spec)),
+           "case " + c.id + ": awq-clip (AWQ's clipping search) is for the group-wise 4-bit formats (int4, int4-asym, "
+           "nf4 without double quantization), not " + f);
   return q;
 }
 
@@ -120,9 +124,11 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   }
   GptqOptions act_order;
   act_order.act_order = true;
+  AwqOptions awq;
+  awq.clip = q.quantizer == "awq-clip";
   QuantResult res = q.quantizer == "gptq"             ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
                     : q.quantizer == "gptq-act-order" ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib, act_order)
-                    : q.quantizer == "awq"            ? quantize_awq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
+                    : q.quantizer.starts_with("awq")  ? quantize_awq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib, awq)
                                                       : quantize_rtn(q.spec, p->w.data(), q.n, q.k);
   p->L = layout(q.spec, q.n, q.k);
   p->blob.assign(p->L.total_bytes(), 0);
@@ -249,7 +255,7 @@ class QuantWorkload final : public Workload {
       c["weight_rel_l2_err"] = p_.weight_rel_l2;
       c["calib_output_mse"] = p_.calib_mse;
       c["heldout_output_mse"] = p_.heldout_mse;
-      if (q.quantizer == "awq") c["awq_ratio"] = p_.awq_ratio;
+      if (q.quantizer.starts_with("awq")) c["awq_ratio"] = p_.awq_ratio;
     }
   }
 
@@ -307,7 +313,8 @@ ClaimResult check_int4_7b(const ClaimSpec& spec, const std::vector<Record>& recs
 void register_technique(Registry& r) {
   Technique t;
   t.name = "quant";
-  t.description = "quantized weights (INT8, INT4, FP8, NF4; RTN, GPTQ with or without act_order, AWQ) in matvec / matmul";
+  t.description = "quantized weights (INT8, INT4, FP8, NF4; RTN, GPTQ with or without act_order, AWQ with or without "
+                  "clipping) in matvec / matmul";
   t.validate = [](const Case& c) { read_case(c); };
   t.schema.params = {
       int_param("n", "output rows of the weight matrix"),
@@ -317,7 +324,7 @@ void register_technique(Registry& r) {
                  "fp32 | bf16 (dense baselines) | int8 | int4[-asym]-gG | fp8-e4m3 | fp8-e5m2 | nf4[-dq] "
                  "(-gG: group size G, default 128)"),
       text_param("quantizer", "how the codes are chosen (gptq-act-order: columns by descending Hessian diagonal)", "rtn",
-                 {"rtn", "gptq", "gptq-act-order", "awq"}),
+                 {"rtn", "gptq", "gptq-act-order", "awq", "awq-clip"}),
       int_param("calib_rows", "calibration rows for GPTQ and AWQ (GPTQ's Hessian has rank at most this)", 256),
       int_param("shared_factors",
                 "0: independent input channels; r: each channel 90% a mix of r factors shared by all channels "

@@ -21,7 +21,8 @@
 // the precision suite (dim, layers, heads, kv_heads, ffn, context, batch, steps, lr, warmup_steps,
 // seed); for "smollm2" batch (default 1) and seq (default 256) tokens per window; eval_batches,
 // calib_batches, format, damp and sequential (GPTQ's), corpus_dir, corpus_sha256. Implementations: rtn (reference), gptq,
-// gptq-act-order (GPTQ with its act_order option: columns by descending Hessian diagonal), awq.
+// gptq-act-order (GPTQ with its act_order option: columns by descending Hessian diagonal), awq, awq-clip
+// (AWQ with its weight-clipping search on every projection but q and k, as llm-awq).
 #include <cmath>
 #include <mutex>
 
@@ -212,10 +213,14 @@ class ModelQuantWorkload final : public Workload {
       for (const auto& [off, n, k, x] : projections) {
         const float* w = t.params.data() + off;
         const float* X = in[x].data();
+        // awq-clip: llm-awq's clipping search on every projection but q and k (their product, not each
+        // output, is what attention sees)
+        AwqOptions awq;
+        awq.clip = quantizer == "awq-clip" && off != P.wq && off != P.wk;
         QuantResult q = quantizer == "gptq"  ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows, p.gptq)
                         : quantizer == "gptq-act-order" ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows, act_order(p.gptq))
-                        : quantizer == "awq" ? quantize_awq(p.spec, w, n, k, X, t.calib_rows)
-                                             : quantize_rtn(p.spec, w, n, k);
+                        : quantizer.starts_with("awq") ? quantize_awq(p.spec, w, n, k, X, t.calib_rows, awq)
+                                                       : quantize_rtn(p.spec, w, n, k);
         std::copy(q.deq.begin(), q.deq.end(), params_.begin() + off);
         for (int64_t i = 0; i < n * k; ++i) {
           num += std::pow(static_cast<double>(q.deq[i]) - w[i], 2);
@@ -495,17 +500,19 @@ void register_technique(Registry& r) {
     std::snprintf(buf, sizeof buf, "weight rel_l2 %.3e vs bound %.3e", e.rel_l2, bound);
     return Verdict{e.rel_l2 <= bound, buf};
   };
-  t.description = "every projection of the trained small model or of SmolLM2-135M quantized (RTN, GPTQ, GPTQ act_order, AWQ): "
+  t.description = "every projection of the trained small model or of SmolLM2-135M quantized (RTN, GPTQ, GPTQ act_order, AWQ, "
+                  "AWQ with clipping): "
                   "validation perplexity";
   t.validate = [](const Case& c) {
     parse_spec(c.text("format"));
     if (c.text("model", "trained") == "trained") model::config_from_json(c.params);
   };
   t.prepare = prepare;
-  for (const char* q : {"rtn", "gptq", "gptq-act-order", "awq"}) {
+  for (const char* q : {"rtn", "gptq", "gptq-act-order", "awq", "awq-clip"}) {
     const std::string name = q;
-    const std::string what = name == "gptq-act-order"
-                                 ? "gptq with act_order (columns by descending Hessian diagonal, groups fitted first)"
+    const std::string what =
+        name == "gptq-act-order" ? "gptq with act_order (columns by descending Hessian diagonal, groups fitted first)"
+        : name == "awq-clip"     ? "awq with its weight-clipping search (not on q and k)"
                                  : name;
     Impl i = typed_impl<ModelQuantProblem>(
         t.name, name, name == "rtn" ? Role::reference : Role::optimized, Backend::cpu,
@@ -517,6 +524,8 @@ void register_technique(Registry& r) {
       const Spec s = parse_spec(c.text("format"));
       if (name.starts_with("gptq") && s.format == Format::nf4 && s.double_quant)
         return std::string("GPTQ does not support nf4 double quantization");
+      if (name == "awq-clip" && !awq_clip_applies(s))
+        return "AWQ's clipping search is for the group-wise 4-bit formats, not " + spec_name(s);
       if (!name.starts_with("gptq") && c.flag("sequential", false))
         return "sequential calibration is GPTQ's; " + name + " is the same as without it";
       return std::string();
