@@ -58,7 +58,7 @@ std::vector<float> synthetic_activations(int64_t n, int64_t K, uint64_t seed, do
     factor[c] = outlier_scale * std::exp2(2.0 * datasets::uniform01(seed ^ kFactors, static_cast<uint64_t>(c)) - 1.0);
   const int64_t r = shared_factors;
   const double own = r > 0 ? std::sqrt(1.0 - factor_share) : 1.0, mixed = r > 0 ? std::sqrt(factor_share / r) : 0.0;
-  std::vector<double> B(static_cast<std::size_t>(r * K)), f(static_cast<std::size_t>(r));
+  std::vector<double> B(static_cast<std::size_t>(r * K));
   for (std::size_t i = 0; i < B.size(); ++i) B[i] = datasets::normal(seed ^ kMixing, i);
   for (int64_t k = 0; k < K; ++k) {  // each channel's loadings scaled to squared norm r: variance exactly 1
     double sq = 0;

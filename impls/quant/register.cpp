@@ -8,8 +8,8 @@
 // "awq", "awq-clip": AWQ with its weight-clipping search). Weights and calibration activations are
 // synthetic (calibration.hpp: Gaussian weights, activations with 1% outlier channels 25-100x larger; the
 // calibration rows and the measured rows share their outlier channels; calib_rows of them calibrate, and
-// with shared_factors > 0 the channels are correlated). The trained model's figures are the quant_model technique's
-// (impls/quant_model).
+// with shared_factors > 0 the channels are correlated). The trained model's figures are the quant_model
+// technique's (impls/quant_model).
 //
 // Implementations: `reference` (dequantize each weight, float64 accumulation), `packed` on the CPU
 // (packed codes read once and decoded in registers, AVX-512, OpenMP; matmul through OpenBLAS on
