@@ -608,13 +608,13 @@ def facet_figure(facets, colors, x_label, value_fn, title, ylabel, kind, errbars
     return fig_to_img(fig, title), note
 
 
-def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None, dodge=False):
+def scatter_labelled(points, title, xlabel, ylabel, ylog=True, yerr=None, dodge=False, colour_keys=None):
     """points: [(x, y, colour_key, marker_key)]; colour = one legend, marker = the other. yerr: [(lo, hi)].
     dodge: colour keys that share an x are drawn side by side, 1.5% of the x range apart (a key's markers
-    still coincide)."""
+    still coincide). colour_keys: every key of a set of figures, so that a key has one colour in all of them."""
     ckeys = sorted({p[2] for p in points})
     mkeys = sorted({p[3] for p in points})
-    colors = impl_colors(ckeys)
+    colors = impl_colors(set(colour_keys or ()) | set(ckeys))
     markers = dict(zip(mkeys, "os^Dv<>pP*hX"))
     if dodge:
         xs = [p[0] for p in points]
@@ -727,6 +727,7 @@ def quant_figures(cases):
     setting: independent or correlated channels, calibration rows), and the kernels' bandwidth per format."""
     figs = []
     refs = [c for c in cases if c.impl == "reference"]
+    quantizers = {c.params.get("quantizer", c.impl) for c in refs}  # one colour each in every figure
     default = [c for c in refs if quant_calibration(c) == (0, 256)]
     pts = [(c.counters["bits_per_weight"], c.counters["weight_rel_l2_err"], c.params.get("quantizer", c.impl),
             c.params.get("format", "?"))
@@ -736,7 +737,7 @@ def quant_figures(cases):
         figs.append(figure("Storage per weight (codes, scales, zero points) against the weights' relative L2 "
                            "reconstruction error, at the largest shape; colour = quantizer, marker = format.",
                            scatter_labelled(pts, "quant: bits per weight vs weight error", "bits per weight",
-                                            "weight relative L2 error (log)")))
+                                            "weight relative L2 error (log)", colour_keys=quantizers)))
     for setting in sorted({quant_calibration(c) for c in refs}):
         factors, rows = setting
         pts = [(c.counters["bits_per_weight"], c.counters["heldout_output_mse"], c.params.get("quantizer", c.impl),
@@ -750,7 +751,7 @@ def quant_figures(cases):
                            f"{rows} calibration rows. With independent channels GPTQ has only the sample's noise to "
                            "fit; correlated channels give its error feedback something to use.",
                            scatter_labelled(pts, f"quant: held-out output MSE, {channels}, {rows} calibration rows",
-                                            "bits per weight", "held-out output MSE (log)")))
+                                            "bits per weight", "held-out output MSE (log)", colour_keys=quantizers)))
     matvec = [c for c in cases if c.ok and str(c.params.get("m")) == "1" and _isnum(c.counters.get("gbytes_per_s"))
               and c.params.get("quantizer", "rtn") == "rtn"]
     if matvec:
