@@ -8,6 +8,7 @@
 #include "impls/quant/simd/codes-inl.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/common.hpp"
 #include "impls/quant/simd/matvec_a8.hpp"
@@ -52,35 +53,41 @@ struct RowParams {
     else
       return load_bytes<float>(scales + 4 * i);
   }
-  // int4 (z = 8 for every group): -8 s_g cs_g added into the lanes of acc for row r's groups, the scales
-  // converted in vectors (groups per row are few: 32 for K = 4096, g128), so a kernel's one sum over its
-  // lanes takes the zero points off too; returns 8 s_g cs_g of the groups left over (fewer than a vector),
-  // for the caller to subtract.
-  template <class DF>
-  float int4_zero_lanes(DF df, int64_t r, const float* cs, hn::Vec<DF>& acc) const {
+  // The zero points of the 4-bit integer formats: -s_g z_g cs_g added into the lanes of acc for row r's
+  // groups (int4: z = 8 for every group; int4-asym: the stored nibbles), the scales converted and the
+  // products formed in vectors (s_g z_g is exact: an fp16 scale times a 4-bit integer), so a kernel's one
+  // sum over its lanes takes the zero points off too; returns s_g z_g cs_g summed over the groups left
+  // over (fewer than a vector), for the caller to subtract.
+  template <Format F, class DF>
+  float zero_lanes(DF df, int64_t r, const float* cs, hn::Vec<DF>& acc) const {
+    static_assert(F == Format::int4 || F == Format::int4_asym);
     const uint8_t* sc = scales + 2 * r * gpr;
+    const uint8_t* zr = blob + L.zeros.offset + r * L.zero_row_bytes;  // int4-asym
+    auto zero = [&](int64_t g) { return F == Format::int4 ? 8.f : static_cast<float>(nibble(zr, g)); };
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     int64_t g = 0;
-    for (; g + n <= gpr; g += n)  // (-8 s exactly: a power of two)
-      acc = hn::MulAdd(hn::Mul(quant::simd::HWY_NAMESPACE::scales_f16(df, sc + 2 * g), hn::Set(df, -8.f)), hn::LoadU(df, cs + g), acc);
+    for (; g + n <= gpr; g += n) {
+      hn::Vec<DF> z = hn::Set(df, zero(g));
+      if (F == Format::int4_asym && n > 1 && n <= 8) {  // n nibbles from n / 2 bytes, the low nibble first
+        const hn::RebindToUnsigned<DF> du;
+        uint32_t bits = 0;
+        std::memcpy(&bits, zr + g / 2, n / 2);
+        const auto nib = hn::And(hn::Set(du, bits) >> hn::ShiftLeft<2>(hn::Iota(du, 0)), hn::Set(du, 0xF));
+        z = hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<DF>(), nib));
+      }
+      acc = hn::MulAdd(hn::Neg(hn::Mul(quant::simd::HWY_NAMESPACE::scales_f16(df, sc + 2 * g), z)), hn::LoadU(df, cs + g), acc);
+    }
     float c = 0.f;
-    for (; g < gpr; ++g) c += scale<Format::int4>(r, g) * cs[g];
-    return 8.f * c;
+    for (; g < gpr; ++g) c += scale<F>(r, g) * zero(g) * cs[g];
+    return c;
   }
   // sum_g s_g z_g cs_g over row r's groups (4-bit integer formats): what the unsigned codes add.
   template <Format F>
   float zero_correction(int64_t r, const float* cs) const {
-    if constexpr (F == Format::int4) {
-      const hn::CappedTag<float, 8> df;
-      auto v = hn::Zero(df);
-      const float left = int4_zero_lanes(df, r, cs, v);
-      return left - hn::GetLane(hn::SumOfLanes(df, v));
-    } else {
-      float c = 0.f;
-      for (int64_t g = 0; g < gpr; ++g)
-        c += scale<F>(r, g) * static_cast<float>(nibble(blob + L.zeros.offset + r * L.zero_row_bytes, g)) * cs[g];
-      return c;
-    }
+    const hn::CappedTag<float, 8> df;
+    auto v = hn::Zero(df);
+    const float left = zero_lanes<F>(df, r, cs, v);
+    return left - hn::GetLane(hn::SumOfLanes(df, v));
   }
 };
 
@@ -285,8 +292,7 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
         }
       }
       VF acc = hn::Add(a0, a1);
-      if constexpr (F == Format::int4) zero = P.int4_zero_lanes(df, r, a.cs, acc);  // the rest is in the lanes
-      else if constexpr (F == Format::int4_asym) zero = P.template zero_correction<F>(r, a.cs);
+      if constexpr (F != Format::nf4) zero = P.template zero_lanes<F>(df, r, a.cs, acc);  // the rest is in the lanes
       out = hn::GetLane(hn::SumOfLanes(df, acc));
 #else
       if constexpr (F != Format::nf4) zero = P.template zero_correction<F>(r, a.cs);
