@@ -84,6 +84,30 @@ inline bool awq_clip_applies(const Spec& s) {
   return (s.format == Format::int4 || s.format == Format::int4_asym || s.format == Format::nf4) && !s.double_quant;
 }
 
+// The quantizers by the names both quant techniques take: rtn, gptq, gptq-act-order (GPTQ with act_order),
+// awq, awq-clip (AWQ with its clipping search).
+inline bool is_quantizer_name(const std::string& name) {
+  return name == "rtn" || name == "gptq" || name == "gptq-act-order" || name == "awq" || name == "awq-clip";
+}
+inline constexpr const char* kQuantizerNames = "rtn, gptq, gptq-act-order, awq or awq-clip";
+
+// Runs the named quantizer: GPTQ with `gptq` (act_order set for gptq-act-order), awq-clip's clipping
+// search only where `clip` (a model leaves its attention's q and k unclipped). Error for another name.
+inline QuantResult quantize_named(const std::string& name, const Spec& spec, const float* W, int64_t N, int64_t K,
+                                  const float* X, int64_t n_samples, GptqOptions gptq = {}, bool clip = true) {
+  if (name == "rtn") return quantize_rtn(spec, W, N, K);
+  if (name == "gptq" || name == "gptq-act-order") {
+    gptq.act_order = name == "gptq-act-order";
+    return quantize_gptq(spec, W, N, K, X, n_samples, gptq);
+  }
+  if (name == "awq" || name == "awq-clip") {
+    AwqOptions awq;
+    awq.clip = name == "awq-clip" && clip;
+    return quantize_awq(spec, W, N, K, X, n_samples, awq);
+  }
+  throw Error("quantizer must be " + std::string(kQuantizerNames) + ", got '" + name + "'");
+}
+
 // Mean over samples and output rows of (X W^T - X Wq^T)^2, accumulated in float64.
 double layer_output_mse(const float* W, const float* Wq, int64_t N, int64_t K, const float* X, int64_t n_samples);
 

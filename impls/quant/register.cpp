@@ -67,9 +67,8 @@ QuantCase read_case(const Case& c) {
   MT_CHECK(q.calib_rows > 0, "case " + c.id + ": calib_rows must be positive");
   q.shared_factors = c.integer("shared_factors", 0);
   MT_CHECK(q.shared_factors >= 0, "case " + c.id + ": shared_factors must not be negative");
-  MT_CHECK(q.quantizer == "rtn" || q.quantizer == "gptq" || q.quantizer == "gptq-act-order" || q.quantizer == "awq" ||
-               q.quantizer == "awq-clip",
-           "case " + c.id + ": quantizer must be rtn, gptq, gptq-act-order, awq or awq-clip, got '" + q.quantizer + "'");
+  MT_CHECK(is_quantizer_name(q.quantizer),
+           "case " + c.id + ": quantizer must be " + kQuantizerNames + ", got '" + q.quantizer + "'");
   MT_CHECK(!q.dense || q.m <= kMatmulSmallBatch,
            "case " + c.id + ": the dense baselines run up to m = " + std::to_string(kMatmulSmallBatch) +
                " (a matvec, or the small-batch kernel), got m = " + std::to_string(q.m));
@@ -122,14 +121,7 @@ std::unique_ptr<Problem> prepare(const Case& c) {
     for (float v : p->w) p->w_bf16.push_back(to_bf16(v));
     return p;
   }
-  GptqOptions act_order;
-  act_order.act_order = true;
-  AwqOptions awq;
-  awq.clip = q.quantizer == "awq-clip";
-  QuantResult res = q.quantizer == "gptq"             ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib)
-                    : q.quantizer == "gptq-act-order" ? quantize_gptq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib, act_order)
-                    : q.quantizer.starts_with("awq")  ? quantize_awq(q.spec, p->w.data(), q.n, q.k, X.data(), n_calib, awq)
-                                                      : quantize_rtn(q.spec, p->w.data(), q.n, q.k);
+  QuantResult res = quantize_named(q.quantizer, q.spec, p->w.data(), q.n, q.k, X.data(), n_calib);
   p->L = layout(q.spec, q.n, q.k);
   p->blob.assign(p->L.total_bytes(), 0);
   std::vector<float> stored = res.deq;

@@ -161,11 +161,6 @@ struct ModelQuantProblem final : Problem {
   bool sequential = false;  // GPTQ: layer l calibrated on the inputs of the model with layers < l quantized
 };
 
-GptqOptions act_order(GptqOptions o) {
-  o.act_order = true;
-  return o;
-}
-
 std::unique_ptr<Problem> prepare(const Case& c) {
   auto p = std::make_unique<ModelQuantProblem>();
   p->spec = parse_spec(c.text("format"));
@@ -215,12 +210,7 @@ class ModelQuantWorkload final : public Workload {
         const float* X = in[x].data();
         // awq-clip: llm-awq's clipping search on every projection but q and k (their product, not each
         // output, is what attention sees)
-        AwqOptions awq;
-        awq.clip = quantizer == "awq-clip" && off != P.wq && off != P.wk;
-        QuantResult q = quantizer == "gptq"  ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows, p.gptq)
-                        : quantizer == "gptq-act-order" ? quantize_gptq(p.spec, w, n, k, X, t.calib_rows, act_order(p.gptq))
-                        : quantizer.starts_with("awq") ? quantize_awq(p.spec, w, n, k, X, t.calib_rows, awq)
-                                                       : quantize_rtn(p.spec, w, n, k);
+        const QuantResult q = quantize_named(quantizer, p.spec, w, n, k, X, t.calib_rows, p.gptq, off != P.wq && off != P.wk);
         std::copy(q.deq.begin(), q.deq.end(), params_.begin() + off);
         for (int64_t i = 0; i < n * k; ++i) {
           num += std::pow(static_cast<double>(q.deq[i]) - w[i], 2);
