@@ -109,7 +109,6 @@ std::unique_ptr<Problem> prepare(const Case& c) {
   X.insert(X.end(), row(256 + q.m + n_held), all.end());
   p->x.assign(row(256), row(256 + q.m));
   const std::vector<float> held(row(256 + q.m), row(256 + q.m + n_held));
-  const int64_t n_calib = q.calib_rows;
   p->oracle.assign(q.m * q.n, 0.0);
   for (int64_t i = 0; i < q.m; ++i)
     for (int64_t r = 0; r < q.n; ++r) {
@@ -121,7 +120,7 @@ std::unique_ptr<Problem> prepare(const Case& c) {
     for (float v : p->w) p->w_bf16.push_back(to_bf16(v));
     return p;
   }
-  QuantResult res = quantize_named(q.quantizer, q.spec, p->w.data(), q.n, q.k, X.data(), n_calib);
+  QuantResult res = quantize_named(q.quantizer, q.spec, p->w.data(), q.n, q.k, X.data(), q.calib_rows);
   p->L = layout(q.spec, q.n, q.k);
   p->blob.assign(p->L.total_bytes(), 0);
   std::vector<float> stored = res.deq;
@@ -140,7 +139,7 @@ std::unique_ptr<Problem> prepare(const Case& c) {
     den += std::pow(static_cast<double>(p->w[i]), 2);
   }
   p->weight_rel_l2 = std::sqrt(num / den);
-  p->calib_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, X.data(), n_calib);
+  p->calib_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, X.data(), q.calib_rows);
   p->heldout_mse = layer_output_mse(p->w.data(), res.deq.data(), q.n, q.k, held.data(), n_held);
   if (q.m == 1) {
     std::vector<float> wd(p->w.size());
@@ -317,7 +316,10 @@ void register_technique(Registry& r) {
                  "(-gG: group size G, default 128)"),
       text_param("quantizer", "how the codes are chosen (gptq-act-order: columns by descending Hessian diagonal)", "rtn",
                  {"rtn", "gptq", "gptq-act-order", "awq", "awq-clip"}),
-      int_param("calib_rows", "calibration rows for GPTQ and AWQ (GPTQ's Hessian has rank at most this)", 256),
+      int_param("calib_rows",
+                "calibration rows: what GPTQ and AWQ fit (GPTQ's Hessian has rank at most this) and what every "
+                "quantizer's in-sample output MSE is taken over",
+                256),
       int_param("shared_factors",
                 "0: independent input channels; r: each channel 90% a mix of r factors shared by all channels "
                 "(correlated, as a model's hidden states; GPTQ's error feedback needs correlation to gain)",
