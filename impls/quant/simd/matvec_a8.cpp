@@ -64,15 +64,16 @@ struct RowParams {
     const uint8_t* sc = scales + 2 * r * gpr;
     const uint8_t* zr = blob + L.zeros.offset + r * L.zero_row_bytes;  // int4-asym
     auto zero = [&](int64_t g) { return F == Format::int4 ? 8.f : static_cast<float>(nibble(zr, g)); };
+    static_assert(hn::MaxLanes(DF()) <= 8, "a vector's zero nibbles fit one 32-bit word");
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     int64_t g = 0;
     for (; g + n <= gpr; g += n) {
       hn::Vec<DF> z = hn::Set(df, zero(g));
-      if (F == Format::int4_asym && n > 1 && n <= 8) {  // n nibbles from n / 2 bytes, the low nibble first
+      if (F == Format::int4_asym && n > 1) {  // n nibbles from n / 2 bytes, the low nibble first
         const hn::RebindToUnsigned<DF> du;
         uint32_t bits = 0;
         std::memcpy(&bits, zr + g / 2, n / 2);
-        const auto nib = hn::And(hn::Set(du, bits) >> hn::ShiftLeft<2>(hn::Iota(du, 0)), hn::Set(du, 0xF));
+        const auto nib = hn::And(hn::Shr(hn::Set(du, bits), hn::ShiftLeft<2>(hn::Iota(du, 0))), hn::Set(du, 0xF));
         z = hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<DF>(), nib));
       }
       acc = hn::MulAdd(hn::Neg(hn::Mul(quant::simd::HWY_NAMESPACE::scales_f16(df, sc + 2 * g), z)), hn::LoadU(df, cs + g), acc);
