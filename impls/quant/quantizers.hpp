@@ -15,7 +15,10 @@
 // double quantization couples the absmax values of many rows while GPTQ fixes them one group at a time.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,10 +89,17 @@ inline bool awq_clip_applies(const Spec& s) {
 
 // The quantizers by the names both quant techniques take: rtn, gptq, gptq-act-order (GPTQ with act_order),
 // awq, awq-clip (AWQ with its clipping search).
+inline constexpr std::array<const char*, 5> kQuantizers = {"rtn", "gptq", "gptq-act-order", "awq", "awq-clip"};
 inline bool is_quantizer_name(const std::string& name) {
-  return name == "rtn" || name == "gptq" || name == "gptq-act-order" || name == "awq" || name == "awq-clip";
+  return std::find(kQuantizers.begin(), kQuantizers.end(), name) != kQuantizers.end();
 }
-inline constexpr const char* kQuantizerNames = "rtn, gptq, gptq-act-order, awq or awq-clip";
+// "rtn, gptq, ... or awq-clip", for messages.
+inline std::string quantizer_names() {
+  std::string s;
+  for (std::size_t i = 0; i < kQuantizers.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == kQuantizers.size() ? " or " : ", ") + std::string(kQuantizers[i]);
+  return s;
+}
 
 // Runs the named quantizer: GPTQ with `gptq` (act_order set for gptq-act-order), awq-clip's clipping
 // search only where `clip` (a model leaves its attention's q and k unclipped). Error for another name.
@@ -105,7 +115,7 @@ inline QuantResult quantize_named(const std::string& name, const Spec& spec, con
     awq.clip = name == "awq-clip" && clip;
     return quantize_awq(spec, W, N, K, X, n_samples, awq);
   }
-  throw Error("quantizer must be " + std::string(kQuantizerNames) + ", got '" + name + "'");
+  throw Error("quantizer must be " + quantizer_names() + ", got '" + name + "'");
 }
 
 // Mean over samples and output rows of (X W^T - X Wq^T)^2, accumulated in float64.

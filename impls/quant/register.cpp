@@ -68,7 +68,7 @@ QuantCase read_case(const Case& c) {
   q.shared_factors = c.integer("shared_factors", 0);
   MT_CHECK(q.shared_factors >= 0, "case " + c.id + ": shared_factors must not be negative");
   MT_CHECK(is_quantizer_name(q.quantizer),
-           "case " + c.id + ": quantizer must be " + kQuantizerNames + ", got '" + q.quantizer + "'");
+           "case " + c.id + ": quantizer must be " + quantizer_names() + ", got '" + q.quantizer + "'");
   MT_CHECK(!q.dense || q.m <= kMatmulSmallBatch,
            "case " + c.id + ": the dense baselines run up to m = " + std::to_string(kMatmulSmallBatch) +
                " (a matvec, or the small-batch kernel), got m = " + std::to_string(q.m));
@@ -315,7 +315,7 @@ void register_technique(Registry& r) {
                  "fp32 | bf16 (dense baselines) | int8 | int4[-asym]-gG | fp8-e4m3 | fp8-e5m2 | nf4[-dq] "
                  "(-gG: group size G, default 128)"),
       text_param("quantizer", "how the codes are chosen (gptq-act-order: columns by descending Hessian diagonal)", "rtn",
-                 {"rtn", "gptq", "gptq-act-order", "awq", "awq-clip"}),
+                 std::vector<Json>(kQuantizers.begin(), kQuantizers.end())),
       int_param("calib_rows",
                 "calibration rows: what GPTQ and AWQ fit (GPTQ's Hessian has rank at most this) and what every "
                 "quantizer's in-sample output MSE is taken over",

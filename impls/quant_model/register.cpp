@@ -498,7 +498,7 @@ void register_technique(Registry& r) {
     if (c.text("model", "trained") == "trained") model::config_from_json(c.params);
   };
   t.prepare = prepare;
-  for (const char* q : {"rtn", "gptq", "gptq-act-order", "awq", "awq-clip"}) {
+  for (const char* q : kQuantizers) {
     const std::string name = q;
     const std::string what =
         name == "gptq-act-order" ? "gptq with act_order (columns by descending Hessian diagonal, groups fitted first)"
