@@ -22,6 +22,12 @@ class CudaDevice final : public Device {
   Backend backend() const override { return Backend::cuda; }
   std::string name() const override;
   void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) override;
+  void fork_copies() override;
+  void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind) override;
+  void join_copies() override;
+  bool overlaps_copies() const override { return true; }
+  int64_t copy_fence() override;
+  void wait_copies(int64_t fence) override;
   void synchronize() override;
   double time_call(const std::function<void()>& fn) override;
   void flush_caches() override;
@@ -33,8 +39,10 @@ class CudaDevice final : public Device {
  private:
   int ordinal_;
   cudaDeviceProp props_{};
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;  // copy_stream_: copy_async's
+  cudaEvent_t start_ = nullptr, stop_ = nullptr, fork_ = nullptr, join_ = nullptr;
+  cudaEvent_t fences_[kCopyFences] = {};  // copy_fence()'s, reused in turn
+  int64_t next_fence_ = 0;
   void* flush_ = nullptr;  // twice the L2 size, allocated on first use, untracked (harness-internal)
   std::size_t flush_bytes_ = 0;
 };

@@ -33,6 +33,22 @@ class Device {
 
   // Copies between host memory and this device's memory (plain memcpy on the CPU).
   virtual void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) = 0;
+  // Copies overlapped with the device's work (CUDA: a second stream; the CPU: plain memcpys, in order):
+  // fork_copies() makes the copies issued after it wait for the work already issued to the device;
+  // copy_async() issues one (host memory from host() for real overlap); join_copies() makes the work
+  // issued after it wait for the copies issued so far. Join before the end of a timed call, so that the
+  // call's time covers its copies.
+  virtual void fork_copies() {}
+  virtual void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind) { copy(dst, src, bytes, kind); }
+  virtual void join_copies() {}
+  // Whether copy_async overlaps the caller's work (CUDA) or is a plain copy (the CPU).
+  virtual bool overlaps_copies() const { return false; }
+  // A fence in the overlapped copies: wait_copies(f) returns once every copy issued before copy_fence()
+  // returned f is done (the host waits; the source may then be reused). At most kCopyFences fences are
+  // outstanding: waiting on an older one is an Error.
+  static constexpr int64_t kCopyFences = 8;
+  virtual int64_t copy_fence() { return 0; }
+  virtual void wait_copies(int64_t fence) { (void)fence; }
   virtual void synchronize() = 0;
   // Runs fn once and returns its duration in seconds (CUDA: events on the device's stream).
   virtual double time_call(const std::function<void()>& fn) = 0;

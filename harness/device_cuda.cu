@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "common/common.hpp"
 #include "harness/cuda_device.hpp"
 
 namespace memtrade {
@@ -64,6 +65,10 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   MT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MT_CUDA(cudaEventCreate(&start_));
   MT_CUDA(cudaEventCreate(&stop_));
+  MT_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  MT_CUDA(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  MT_CUDA(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  for (cudaEvent_t& e : fences_) MT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   // Plain cudaMalloc per buffer (no caching), so the tracked figures are what the program asked for.
   memory_ = std::make_unique<TrackedAllocator>(
       "cuda:" + std::to_string(ordinal_),
@@ -102,20 +107,62 @@ CudaDevice::~CudaDevice() {
   if (flush_) cudaFree(flush_);
   cudaEventDestroy(start_);
   cudaEventDestroy(stop_);
+  cudaEventDestroy(fork_);
+  cudaEventDestroy(join_);
+  for (cudaEvent_t e : fences_) cudaEventDestroy(e);
+  cudaStreamDestroy(copy_stream_);
   cudaStreamDestroy(stream_);
 }
 
 std::string CudaDevice::name() const { return std::string("cuda:") + std::to_string(ordinal_) + " " + props_.name; }
 
+namespace {
+cudaMemcpyKind memcpy_kind(CopyKind kind) {
+  return kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+         : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                            : cudaMemcpyDeviceToDevice;
+}
+}  // namespace
+
+// Synchronous, after every overlapped copy issued before it (which may read or write the same memory).
 void CudaDevice::copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
-  cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
-                     : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
-                                                        : cudaMemcpyDeviceToDevice;
-  MT_CUDA(cudaMemcpyAsync(dst, src, bytes, k, stream_));
+  MT_CUDA(cudaStreamSynchronize(copy_stream_));
+  MT_CUDA(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), stream_));
   MT_CUDA(cudaStreamSynchronize(stream_));
 }
 
-void CudaDevice::synchronize() { MT_CUDA(cudaStreamSynchronize(stream_)); }
+// Stream order through events: a wait enqueued on one stream holds it until the work recorded before the
+// event on the other has finished (the event's state when the wait is enqueued, so re-recording is safe).
+void CudaDevice::fork_copies() {
+  MT_CUDA(cudaEventRecord(fork_, stream_));
+  MT_CUDA(cudaStreamWaitEvent(copy_stream_, fork_, 0));
+}
+
+void CudaDevice::copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+  MT_CUDA(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), copy_stream_));
+}
+
+void CudaDevice::join_copies() {
+  MT_CUDA(cudaEventRecord(join_, copy_stream_));
+  MT_CUDA(cudaStreamWaitEvent(stream_, join_, 0));
+}
+
+int64_t CudaDevice::copy_fence() {
+  const int64_t f = next_fence_++;
+  MT_CUDA(cudaEventRecord(fences_[f % kCopyFences], copy_stream_));
+  return f;
+}
+
+void CudaDevice::wait_copies(int64_t fence) {
+  MT_CHECK(fence >= 0 && fence < next_fence_ && fence >= next_fence_ - kCopyFences,
+           "wait_copies: fence " + std::to_string(fence) + " is not one of the last " + std::to_string(kCopyFences) + " taken");
+  MT_CUDA(cudaEventSynchronize(fences_[fence % kCopyFences]));
+}
+
+void CudaDevice::synchronize() {
+  MT_CUDA(cudaStreamSynchronize(copy_stream_));
+  MT_CUDA(cudaStreamSynchronize(stream_));
+}
 
 // Reads every 16 bytes of the flush buffer; the sum is stored only if it equals a value it never takes
 // (the buffer holds one repeated byte), so the loads cannot be removed and nothing is written.
