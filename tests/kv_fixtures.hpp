@@ -57,7 +57,7 @@ inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
 }
 
 // Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos); host caches go through
-// KvCache::write_token (the KIVI types' groups), device ones get each record encoded here.
+// KvCache::write_token (the KIVI types' groups), device ones get each record encoded here and copied.
 inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
   const KvShape& s = c.shape();
   const int64_t hd = s.head_dim;
@@ -71,10 +71,46 @@ inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
       c.write_token(r, l, pos, kv.data(), kv.data() + s.kv_heads * hd);
       continue;
     }
-    uint8_t* e = c.entry(r, l, pos);
+    std::vector<uint8_t> e(static_cast<std::size_t>(s.entry_bytes()));
     for (int64_t h = 0; h < 2 * s.kv_heads; ++h)
-      encode_head(s.type, kv.data() + h * hd, hd, e + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
+      encode_head(s.type, kv.data() + h * hd, hd, e.data() + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
+    c.device().copy(c.entry(r, l, pos), e.data(), e.size(), CopyKind::host_to_device);
   }
+}
+
+// The same requests of lengths `len` in a paged cache (p) and in an offloading one (o: each request's newest
+// `hot` blocks in the device pool, which holds only those, the older ones in a host pool of as many blocks),
+// blocks of `block` tokens; tokens appended round-robin across the requests and written as they are
+// appended (through the device's copies, on any device). cold: the blocks in o's host pool.
+struct OffloadPair {
+  std::unique_ptr<kvcache::PagedCache> p, o;
+  std::vector<int64_t> rp, ro;
+  int64_t cold = 0;
+};
+inline OffloadPair offload_pair(Device& dev, const KvShape& s, const std::vector<int64_t>& len, int64_t block, int64_t hot) {
+  OffloadPair x;
+  const auto B = static_cast<int64_t>(len.size());
+  int64_t blocks = 0, longest = 0;
+  for (int64_t n : len) {
+    blocks += (n + block - 1) / block;
+    x.cold += std::max<int64_t>(0, (n + block - 1) / block - hot);
+    longest = std::max(longest, n);
+  }
+  x.p = std::make_unique<kvcache::PagedCache>(dev, s, block, blocks);
+  x.o = std::make_unique<kvcache::PagedCache>(dev, s, block, B * hot);
+  x.o->enable_offload(std::max<int64_t>(1, x.cold), hot);
+  for (int64_t b = 0; b < B; ++b) {
+    x.rp.push_back(x.p->add(len[b]));
+    x.ro.push_back(x.o->add(len[b]));
+  }
+  for (int64_t i = 0; i < longest; ++i)
+    for (int64_t b = 0; b < B; ++b)
+      if (i < len[b]) {
+        if (!x.p->append(x.rp[b]) || !x.o->append(x.ro[b])) throw Error("offload_pair: a cache refused a token");
+        write_token(*x.p, x.rp[b], i, static_cast<uint64_t>(b));
+        write_token(*x.o, x.ro[b], i, static_cast<uint64_t>(b));
+      }
+  return x;
 }
 
 // B requests of random lengths in [1, max_len] (the last max_len; with three or more, the first one token)

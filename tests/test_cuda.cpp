@@ -441,3 +441,47 @@ TEST(KvCacheCuda, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEqualsCont
       }
     }
 }
+
+TEST(KvCacheCuda, OffloadedDecodeOverlapsItsCopiesAndEqualsPaged) {
+  // run_staged: the cold blocks copied from the pinned host pool on the second stream in chunks, each
+  // chunk's splits launched once it is in. The staging area is poisoned before every step, so a split
+  // that read its blocks before their copy had landed would differ from the paged decode.
+  REQUIRE_CUDA();
+  using namespace memtrade::kvcache;
+  using namespace memtrade::test::kv;
+  auto dev = make_cuda_device();
+  for (const int64_t layers : {1, 2})
+    for (KvType t : {KvType::f32, KvType::bf16, KvType::int8, KvType::q4_0}) {
+      const KvShape s{layers, 8, 128, t};
+      const int64_t heads = 32, l = layers - 1;
+      const std::vector<int64_t> len = {700, 3000, 1300, 4096};
+      OffloadPair x = offload_pair(*dev, s, len, 16, 16);
+      const auto q = normals(static_cast<int64_t>(len.size()) * heads * s.head_dim, 78);
+      const std::size_t bytes = q.size() * 4;
+      Buffer dq(dev->memory(), bytes, Tag::io), dout(dev->memory(), bytes, Tag::io);
+      dev->copy(dq.data(), q.data(), bytes, CopyKind::host_to_device);
+      const std::string what = std::string(kv_type_name(t)) + ", " + std::to_string(layers) + " layers";
+      std::vector<float> want(q.size()), got(q.size());
+      CudaDecode kp(*dev, plan_decode(*x.p, x.rp, l, heads));
+      kp.run(dq.as<float>(), dout.as<float>());
+      dev->copy(want.data(), dout.data(), bytes, CopyKind::device_to_host);
+      x.o->select_staged(x.ro, l);
+      CudaDecode ko(*dev, plan_decode(*x.o, x.ro, l, heads));
+      for (const int64_t chunks : {1, 8, 64})
+        for (int rep = 0; rep < 2; ++rep) {
+          for (std::size_t b = 0; b < len.size(); ++b)
+            x.o->runs(x.ro[b], l, [&](const uint8_t* e, int64_t pos, int64_t n) {
+              if (x.o->staging_needed(x.ro[b], pos, pos + n) == 0) return;
+              const std::vector<uint8_t> ff(static_cast<std::size_t>(n * s.entry_bytes()), 0xFF);
+              dev->copy(const_cast<uint8_t*>(e), ff.data(), ff.size(), CopyKind::host_to_device);
+            });
+          x.o->reset_traffic();
+          ko.run_staged(dq.as<float>(), dout.as<float>(), x.o->staging_slots(), chunks,
+                        [&](int64_t from, int64_t to) { x.o->copy_staged(from, to, true); });
+          dev->synchronize();
+          dev->copy(got.data(), dout.data(), bytes, CopyKind::device_to_host);
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << what << ", " << chunks << " chunks: staged != paged";
+          EXPECT_EQ(x.o->traffic().to_device, x.cold * 16 * s.entry_bytes()) << what;
+        }
+    }
+}

@@ -819,39 +819,26 @@ TEST(DecodeAttention, OffloadedEqualsPagedBitForBitAndCountsItsCopies) {
   auto dev = make_cpu_device();
   for (KvType t : {KvType::f32, KvType::int8}) {
     const KvShape s{3, 2, 32, t};
-    const int64_t heads = 4, B = 3, block = 8, hot = 3;
+    const int64_t heads = 4, block = 8, hot = 3;
     const std::vector<int64_t> len = {5, 61, 200};
-    PagedCache p(*dev, s, block, 64), o(*dev, s, block, 16);
-    o.enable_offload(64, hot);
-    std::vector<int64_t> rp, ro;
-    for (int64_t b = 0; b < B; ++b) {
-      rp.push_back(p.add(len[b]));
-      ro.push_back(o.add(len[b]));
-    }
-    for (int64_t i = 0; i < 200; ++i)
-      for (int64_t b = 0; b < B; ++b)
-        if (i < len[b]) {
-          ASSERT_TRUE(p.append(rp[b]));
-          ASSERT_TRUE(o.append(ro[b]));
-          write_token(p, rp[b], i, static_cast<uint64_t>(b));
-          write_token(o, ro[b], i, static_cast<uint64_t>(b));
-        }
-    int64_t cold = 0;  // blocks beyond the hot ones: full blocks of the longer requests
-    for (int64_t b = 0; b < B; ++b) cold += std::max<int64_t>(0, (len[b] + block - 1) / block - hot);
-    EXPECT_EQ(o.host_blocks_used(), cold);
-    EXPECT_EQ(o.traffic().to_host, cold * o.block_bytes());
+    const auto B = static_cast<int64_t>(len.size());
+    OffloadPair x = offload_pair(*dev, s, len, block, hot);
+    PagedCache &p = *x.p, &o = *x.o;
+    EXPECT_EQ(x.cold, 0 + 5 + 22);  // blocks beyond the hot ones: full blocks of the longer requests
+    EXPECT_EQ(o.host_blocks_used(), x.cold);
+    EXPECT_EQ(o.traffic().to_host, x.cold * o.block_bytes());
     int64_t hot_blocks = 0;
     for (int64_t b = 0; b < B; ++b) hot_blocks += std::min<int64_t>(hot, (len[b] + block - 1) / block);
     EXPECT_EQ(o.reserved_bytes(), hot_blocks * o.block_bytes());
     const auto q = normals(B * heads * s.head_dim, 78);
     std::vector<float> yp(q.size()), yo(q.size());
-    EXPECT_THROW(decode_attention(o, ro, 0, q.data(), heads, yo.data()), Error);  // not staged
+    EXPECT_THROW(decode_attention(o, x.ro, 0, q.data(), heads, yo.data()), Error);  // not staged
     for (int64_t l = 0; l < s.layers; ++l) {
       o.reset_traffic();
-      o.stage(ro, l);
-      EXPECT_EQ(o.traffic().to_device, cold * block * s.entry_bytes());
-      decode_attention(p, rp, l, q.data(), heads, yp.data());
-      decode_attention(o, ro, l, q.data(), heads, yo.data());
+      o.stage(x.ro, l);
+      EXPECT_EQ(o.traffic().to_device, x.cold * block * s.entry_bytes());
+      decode_attention(p, x.rp, l, q.data(), heads, yp.data());
+      decode_attention(o, x.ro, l, q.data(), heads, yo.data());
       EXPECT_EQ(std::memcmp(yp.data(), yo.data(), yp.size() * 4), 0) << kv_type_name(t) << " layer " << l;
     }
   }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
 #include "harness/metrics.hpp"
 #include "impls/kvcache/decode_kernels.cuh"
@@ -19,8 +20,10 @@ using namespace memtrade::test::kv;
 
 namespace {
 
-// One decode step of a plan through the emulated kernels; the arrays are the plan's own vectors.
-std::vector<float> run_emulated(const DecodePlan& p, const std::vector<float>& q) {
+// One decode step of a plan through the emulated kernels; the arrays are the plan's own vectors. The split
+// kernel runs over the splits of each step of `steps` in turn (default: all at once), `before(step)` first.
+std::vector<float> run_emulated(const DecodePlan& p, const std::vector<float>& q, std::vector<StagedStep> steps = {},
+                                const std::function<void(const StagedStep&)>& before = {}) {
   namespace dk = decode_kernels;
   std::vector<float> out(q.size()), ws(static_cast<std::size_t>(std::max<int64_t>(1, p.first_slot.back() * p.heads * (p.head_dim + 2))));
   dk::Args a{};
@@ -28,7 +31,13 @@ std::vector<float> run_emulated(const DecodePlan& p, const std::vector<float>& q
   a.q = q.data();
   a.out = out.data();
   const dk::SplitKernel kernel = dk::split_kernel(p, s);
-  test::cuda_emulation::launch(s.grid_x, s.grid_y, dk::kThreads, [&] { kernel(a); });
+  if (steps.empty()) steps.push_back({0, 0, 0, static_cast<int64_t>(s.grid_y)});
+  for (const StagedStep& st : steps) {
+    if (before) before(st);
+    if (st.split_to <= st.split_from) continue;
+    a.split_base = static_cast<int>(st.split_from);
+    test::cuda_emulation::launch(s.grid_x, static_cast<unsigned>(st.split_to - st.split_from), dk::kThreads, [&] { kernel(a); });
+  }
   if (p.first_slot.back() > 0)
     test::cuda_emulation::launch(static_cast<unsigned>(p.length.size()), static_cast<unsigned>(p.heads), dk::kThreads,
                                  [&] { dk::merge_splits_kernel(a); });
@@ -69,4 +78,79 @@ TEST(KvCacheCudaEmulated, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEq
   // records are not 8-byte aligned) and element by element.
   EXPECT_GT(whole_slices, 0);
   EXPECT_LT(whole_slices, cases);
+}
+
+TEST(KvCacheCudaEmulated, StagedScheduleLaunchesEverySplitOnceAfterTheCopiesItNeeds) {
+  DecodePlan p;
+  p.split_needs = {0, 0, 3, 5, 5, 9};
+  const auto steps = staged_schedule(p, 10, 3);
+  ASSERT_EQ(steps.size(), 4u);
+  const int64_t want[4][4] = {{0, 0, 0, 2}, {0, 3, 2, 3}, {3, 6, 3, 5}, {6, 10, 5, 6}};
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    EXPECT_EQ(steps[k].copy_from, want[k][0]) << "step " << k;
+    EXPECT_EQ(steps[k].copy_to, want[k][1]) << "step " << k;
+    EXPECT_EQ(steps[k].split_from, want[k][2]) << "step " << k;
+    EXPECT_EQ(steps[k].split_to, want[k][3]) << "step " << k;
+  }
+  EXPECT_EQ(staged_schedule(p, 10, 100).size(), 11u);  // at most one chunk per slot
+  EXPECT_THROW(staged_schedule(p, 8, 2), Error);        // a split needs slot 8
+  EXPECT_THROW(staged_schedule(p, 10, 0), Error);
+  p.split_needs = {0, 2, 1};
+  EXPECT_THROW(staged_schedule(p, 10, 2), Error);  // not in order
+  p.split_needs = {0, 0};
+  const auto none = staged_schedule(p, 0, 4);  // nothing offloaded: one launch, one empty copy step
+  ASSERT_EQ(none.size(), 2u);
+  EXPECT_EQ(none[0].split_to, 2);
+  EXPECT_EQ(none[1].copy_to, 0);
+}
+
+TEST(KvCacheCudaEmulated, StagedDecodeOverlapsTheCopiesAndEqualsPaged) {
+  // The offloading cache's staging area is poisoned before the step; each chunk of slots is copied just
+  // before the splits the schedule launches after it, so a split launched before its blocks are in reads
+  // the poison. One layer (consecutive slots in one copy) and the second of two (a copy per block).
+  auto dev = make_cpu_device();
+  for (const int64_t layers : {1, 2})
+    for (KvType t : {KvType::f32, KvType::int8, KvType::q4_0}) {
+      const KvShape s{layers, 2, 64, t};
+      const int64_t heads = 8, block = 8, hot = 3, split = 16;
+      const std::vector<int64_t> len = {5, 61, 150, 110};
+      OffloadPair x = offload_pair(*dev, s, len, block, hot);
+      const auto q = normals(static_cast<int64_t>(len.size()) * heads * s.head_dim, 78);
+      const std::string what = std::string(kv_type_name(t)) + ", " + std::to_string(layers) + " layers";
+      {
+        const int64_t l = layers - 1;
+        const DecodePlan pp = plan_decode(*x.p, x.rp, l, heads, split);
+        x.o->select_staged(x.ro, l);
+        const DecodePlan po = plan_decode(*x.o, x.ro, l, heads, split);
+        ASSERT_TRUE(std::is_sorted(po.split_needs.begin(), po.split_needs.end())) << what;
+        const auto hot_splits = std::count(po.split_needs.begin(), po.split_needs.end(), 0);
+        ASSERT_GT(hot_splits, 0) << what;
+        ASSERT_LT(hot_splits, static_cast<std::ptrdiff_t>(po.split_needs.size())) << what;
+        auto poison = [&] {
+          for (std::size_t b = 0; b < len.size(); ++b)
+            x.o->runs(x.ro[b], l, [&](const uint8_t* e, int64_t pos, int64_t n) {
+              if (x.o->staging_needed(x.ro[b], pos, pos + n) > 0)
+                std::memset(const_cast<uint8_t*>(e), 0xFF, static_cast<std::size_t>(n * s.entry_bytes()));
+            });
+        };
+        const auto want = run_emulated(pp, q);
+        poison();
+        const auto unstaged = run_emulated(po, q);
+        ASSERT_NE(std::memcmp(unstaged.data(), want.data(), want.size() * 4), 0) << what << ": the poison is not read";
+        poison();
+        x.o->reset_traffic();
+        const auto steps = staged_schedule(po, x.o->staging_slots(), 4);
+        int64_t launched = 0, early = 0;  // splits launched; of them, before the last copy
+        const auto got = run_emulated(po, q, steps, [&](const StagedStep& st) {
+          EXPECT_EQ(st.split_from, launched);
+          launched = st.split_to;
+          if (st.copy_to < x.o->staging_slots()) early += st.split_to - st.split_from;
+          x.o->copy_staged(st.copy_from, st.copy_to, true);
+        });
+        EXPECT_EQ(launched, static_cast<int64_t>(po.split_req.size())) << what;
+        EXPECT_GT(early, hot_splits) << what << ": no split read a chunk while the next one was copied";
+        EXPECT_EQ(x.o->traffic().to_device, x.cold * block * s.entry_bytes()) << what;
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << what << " layer " << l << ": staged != paged";
+      }
+    }
 }

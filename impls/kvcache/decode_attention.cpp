@@ -255,8 +255,18 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
       p.split_from.push_back(static_cast<int32_t>(k * split_tokens));
       p.split_to.push_back(static_cast<int32_t>(std::min(n, (k + 1) * split_tokens)));
       p.split_slot.push_back(splits > 1 ? p.first_slot.back() + static_cast<int32_t>(k) : -1);
+      p.split_needs.push_back(static_cast<int32_t>(c.staging_needed(reqs[b], p.split_from.back(), p.split_to.back())));
     }
     p.first_slot.push_back(p.first_slot.back() + static_cast<int32_t>(splits > 1 ? splits : 0));
+  }
+  // The splits that need fewer staging slots first (a stable order: a cache on the device keeps its own).
+  std::vector<std::size_t> order(p.split_req.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return p.split_needs[x] < p.split_needs[y]; });
+  for (auto* v : {&p.split_req, &p.split_from, &p.split_to, &p.split_slot, &p.split_needs}) {
+    std::vector<int32_t> w(v->size());
+    for (std::size_t k = 0; k < order.size(); ++k) w[k] = (*v)[order[k]];
+    *v = std::move(w);
   }
   for (int64_t g = 0; g < s.kv_heads; ++g) {
     p.qk_scale.push_back(s.qk_scale(layer, g));
@@ -271,11 +281,38 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
   return p;
 }
 
+std::vector<StagedStep> staged_schedule(const DecodePlan& p, int64_t slots, int64_t chunks) {
+  MT_CHECK(chunks > 0 && slots >= 0, "staged decode: chunks must be positive and slots not negative");
+  const auto& needs = p.split_needs;
+  MT_CHECK(std::is_sorted(needs.begin(), needs.end()) && (needs.empty() || needs.back() <= slots),
+           "staged decode: the plan's splits need staging slots beyond the " + std::to_string(slots) + " there are");
+  std::vector<StagedStep> steps;
+  auto ready = [&](int64_t in) {  // splits whose slots are all among the first `in`
+    return static_cast<int64_t>(std::upper_bound(needs.begin(), needs.end(), in) - needs.begin());
+  };
+  StagedStep first;
+  first.split_to = ready(0);
+  steps.push_back(first);
+  chunks = std::min(chunks, std::max<int64_t>(slots, 1));
+  for (int64_t k = 0; k < chunks; ++k) {
+    StagedStep st;
+    st.copy_from = steps.back().copy_to;
+    st.copy_to = slots * (k + 1) / chunks;
+    st.split_from = steps.back().split_to;
+    st.split_to = ready(st.copy_to);
+    steps.push_back(st);
+  }
+  return steps;
+}
+
 #ifndef MEMTRADE_WITH_CUDA
 struct CudaDecode::Impl {};
 CudaDecode::CudaDecode(Device&, DecodePlan plan) : plan_(std::move(plan)) { throw Skip(cuda_status().reason); }
 CudaDecode::~CudaDecode() = default;
 void CudaDecode::run(const float*, float*) { throw Skip(cuda_status().reason); }
+void CudaDecode::run_staged(const float*, float*, int64_t, int64_t, const std::function<void(int64_t, int64_t)>&) {
+  throw Skip(cuda_status().reason);
+}
 #endif
 
 }  // namespace memtrade::kvcache

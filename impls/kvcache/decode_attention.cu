@@ -66,18 +66,51 @@ CudaDecode::CudaDecode(Device& dev, DecodePlan plan) : plan_(std::move(plan)) {
 
 CudaDecode::~CudaDecode() = default;
 
+namespace {
+
+// The split kernel over splits [from, to) of the plan.
+void launch_splits(SplitKernel kernel, const Shape& shape, Args a, int64_t from, int64_t to, cudaStream_t st) {
+  if (to <= from) return;
+  a.split_base = static_cast<int>(from);
+  kernel<<<dim3(shape.grid_x, static_cast<unsigned>(to - from)), kThreads, 0, st>>>(a);
+  MT_CUDA_LAUNCH();
+}
+
+void launch_merge(const DecodePlan& p, const Args& a, cudaStream_t st) {
+  if (p.first_slot.back() == 0) return;
+  merge_splits_kernel<<<dim3(static_cast<unsigned>(p.length.size()), static_cast<unsigned>(p.heads)), kThreads, 0, st>>>(a);
+  MT_CUDA_LAUNCH();
+}
+
+}  // namespace
+
 void CudaDecode::run(const float* q, float* out) {
   Impl& m = *impl_;
   Args a = m.args;
   a.q = q;
   a.out = out;
   const cudaStream_t st = as_cuda(m.dev).stream();
-  m.kernel<<<dim3(m.shape.grid_x, m.shape.grid_y), kThreads, 0, st>>>(a);
-  MT_CUDA_LAUNCH();
-  if (plan_.first_slot.back() > 0) {
-    merge_splits_kernel<<<dim3(static_cast<unsigned>(plan_.length.size()), static_cast<unsigned>(plan_.heads)), kThreads, 0, st>>>(a);
-    MT_CUDA_LAUNCH();
+  launch_splits(m.kernel, m.shape, a, 0, m.shape.grid_y, st);
+  launch_merge(plan_, a, st);
+}
+
+void CudaDecode::run_staged(const float* q, float* out, int64_t slots, int64_t chunks,
+                            const std::function<void(int64_t, int64_t)>& copy) {
+  Impl& m = *impl_;
+  Args a = m.args;
+  a.q = q;
+  a.out = out;
+  CudaDevice& dev = as_cuda(m.dev);
+  const cudaStream_t st = dev.stream();
+  dev.fork_copies();  // the copies overwrite the staging area once the work before this step is done
+  for (const StagedStep& s : staged_schedule(plan_, slots, chunks)) {
+    if (s.copy_to > s.copy_from) {
+      copy(s.copy_from, s.copy_to);
+      dev.join_copies();
+    }
+    launch_splits(m.kernel, m.shape, a, s.split_from, s.split_to, st);
   }
+  launch_merge(plan_, a, st);
 }
 
 }  // namespace memtrade::kvcache

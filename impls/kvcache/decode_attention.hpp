@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -83,6 +84,9 @@ struct DecodePlan {
   // Split k covers positions [split_from[k], split_to[k]) of request split_req[k]; a request of several
   // splits keeps each in workspace slot split_slot[k] (-1: the request's only split, written to out).
   std::vector<int32_t> split_req, split_from, split_to, split_slot;
+  // The staging slots split k's reads need (KvCache::staging_needed: 0 for a cache on the device); the
+  // splits are listed by it, ascending (the order changes no split's arithmetic, nor the merge's).
+  std::vector<int32_t> split_needs;
   std::vector<int32_t> first_slot;  // reqs + 1: request b's slots are [first_slot[b], first_slot[b + 1])
   // Per KV head: 1 / sqrt(head_dim) x the static K scale, and the static V scale; int4-smooth's key
   // smoothing factors [kv_heads][head_dim] (empty for the other types).
@@ -106,6 +110,15 @@ MT_HD const uint8_t* plan_entry(const uint64_t* blocks, int64_t first_block, int
 // Elements of head_dim each lane of a warp holds: 2, 4 or 8 (head_dim up to 256).
 MT_HD int lane_elems(int64_t head_dim) { return head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8; }
 
+// A decode step over an offloading cache with its staging copies overlapped: steps of (the staging slots
+// [copy_from, copy_to) to copy, then the splits [split_from, split_to) of the plan to launch once those
+// copies are in). The first step copies nothing and launches the splits that need no staging; then each
+// of `chunks` steps copies its share of the `slots` and launches the splits whose slots are all in.
+struct StagedStep {
+  int64_t copy_from = 0, copy_to = 0, split_from = 0, split_to = 0;
+};
+std::vector<StagedStep> staged_schedule(const DecodePlan& p, int64_t slots, int64_t chunks);
+
 // A plan on a CUDA device: its arrays and the split workspace (slots x heads x (head_dim + 2) floats) in
 // the device pool (tag workspace). run() is one decode step: q and out are device arrays [reqs x heads x
 // head_dim] fp32. Skip without CUDA.
@@ -114,6 +127,12 @@ class CudaDecode {
   CudaDecode(Device& dev, DecodePlan plan);
   ~CudaDecode();
   void run(const float* q, float* out);
+  // One step over an offloading cache whose slots were selected (PagedCache::select_staged) but not copied:
+  // staged_schedule's copies (copy(from, to) issues them, as PagedCache::copy_staged(from, to, true) does)
+  // on the device's second stream, each chunk's splits launched as soon as its copies are in. The same bits
+  // as stage() then run().
+  void run_staged(const float* q, float* out, int64_t slots, int64_t chunks,
+                  const std::function<void(int64_t, int64_t)>& copy);
   const DecodePlan& plan() const { return plan_; }
 
  private:

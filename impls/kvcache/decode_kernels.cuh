@@ -30,6 +30,7 @@ struct Args {
   float *out, *ws;
   int64_t entry_bytes, head_bytes;
   int kv_heads, group, heads, hd, chunks;  // chunks: thread blocks per KV head (ceil(group / GM))
+  int split_base;                          // the launch's first split (grid y counts from it)
 };
 
 constexpr int bits_of(KvType t) {
@@ -85,7 +86,8 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;  // the same bits in every lane: each step adds the same two values in either order
 }
 
-// One split of one request, for up to GM query heads of one KV head: grid (kv_heads x chunks, splits).
+// One split of one request, for up to GM query heads of one KV head: grid (kv_heads x chunks, splits from
+// a.split_base).
 // U tokens per warp step have their K and V loads issued together.
 template <KvType K, int E, bool kVec, int GM>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
   __shared__ float sm_m[kWarps][GM], sm_l[kWarps][GM];
   __shared__ float sm_o[kWarps][GM][256];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sp = blockIdx.y, g = blockIdx.x / a.chunks, hc = (blockIdx.x % a.chunks) * GM;
+  const int sp = a.split_base + blockIdx.y, g = blockIdx.x / a.chunks, hc = (blockIdx.x % a.chunks) * GM;
   const int b = a.split_req[sp], from = a.split_from[sp], to = a.split_to[sp], slot = a.split_slot[sp];
   const int h0 = g * a.group + hc, gcount = min(GM, a.group - hc), hd = a.hd;
 
@@ -258,6 +260,7 @@ Shape make_args(const DecodePlan& p, Put&& put, float* ws, Args& a) {
   a.heads = static_cast<int>(p.heads);
   a.hd = static_cast<int>(p.head_dim);
   a.chunks = static_cast<int>((p.group + s.gm - 1) / s.gm);
+  a.split_base = 0;
   s.grid_x = static_cast<unsigned>(p.kv_heads * a.chunks);
   s.grid_y = static_cast<unsigned>(p.split_req.size());
   return s;

@@ -461,7 +461,7 @@ void PagedCache::enable_offload(int64_t host_blocks, int64_t hot_blocks) {
   host_pool_ = Buffer(dev_.host(), static_cast<std::size_t>(host_blocks * block_bytes()), Tag::kv);
   staging_ = Buffer(dev_.memory(), static_cast<std::size_t>(staging_bytes()), Tag::kv);
   host_refs_.assign(static_cast<std::size_t>(host_blocks), 0);
-  staged_slot_.assign(static_cast<std::size_t>(host_blocks), -1);
+  staged_.assign(static_cast<std::size_t>(host_blocks), 0);
   for (int64_t h = host_blocks - 1; h >= 0; --h) host_free_.push_back(static_cast<int32_t>(h));
 }
 
@@ -481,22 +481,52 @@ bool PagedCache::evict_oldest(Req& r) {
 
 void PagedCache::stage(std::span<const int64_t> reqs, int64_t layer) {
   if (!offloading()) return;
+  select_staged(reqs, layer);
+  copy_staged(0, host_blocks_, false);
+}
+
+void PagedCache::select_staged(std::span<const int64_t> reqs, int64_t layer) {
+  MT_CHECK(offloading(), "kv cache: select_staged() without offload");
   MT_CHECK(layer >= 0 && layer < shape_.layers, "kv cache: stage() of a layer out of range");
-  std::fill(staged_slot_.begin(), staged_slot_.end(), -1);
-  int32_t slots = 0;
+  std::fill(staged_.begin(), staged_.end(), 0);
   for (int64_t req : reqs) {
     const Req& r = at(req);
-    for (int64_t i = 0; i < r.cold; ++i) {
-      const int32_t h = -1 - r.table[i];
-      if (staged_slot_[h] >= 0) continue;  // shared with a fork staged before
-      staged_slot_[h] = slots;
-      dev_.copy(staging_.as<uint8_t>() + slots * slice_bytes(), block_ptr(r.table[i], layer),
-                static_cast<std::size_t>(slice_bytes()), CopyKind::host_to_device);
-      traffic_.to_device += slice_bytes();
-      ++slots;
-    }
+    for (int64_t i = 0; i < r.cold; ++i) staged_[-1 - r.table[i]] = 1;  // a block shared by forks: once
   }
   staged_layer_ = layer;
+}
+
+void PagedCache::copy_staged(int64_t from, int64_t to, bool overlapped) {
+  MT_CHECK(offloading() && staged_layer_ >= 0 && 0 <= from && from <= to && to <= host_blocks_,
+           "kv cache: copy_staged() of slots " + std::to_string(from) + ".." + std::to_string(to) +
+               " (select_staged() first; " + std::to_string(host_blocks_) + " slots)");
+  // One layer: a block is its slice, so consecutive host blocks are consecutive slices on both sides.
+  const int64_t most = shape_.layers == 1 ? host_blocks_ : 1;
+  for (int64_t h = from; h < to;) {
+    if (!staged_[h]) {
+      ++h;
+      continue;
+    }
+    int64_t n = 1;
+    while (n < most && h + n < to && staged_[h + n]) ++n;
+    uint8_t* dst = staging_.as<uint8_t>() + h * slice_bytes();
+    const uint8_t* src = block_ptr(static_cast<int32_t>(-1 - h), staged_layer_);
+    const auto bytes = static_cast<std::size_t>(n * slice_bytes());
+    if (overlapped)
+      dev_.copy_async(dst, src, bytes, CopyKind::host_to_device);
+    else
+      dev_.copy(dst, src, bytes, CopyKind::host_to_device);
+    traffic_.to_device += n * slice_bytes();
+    h += n;
+  }
+}
+
+int64_t PagedCache::staging_needed(int64_t req, int64_t from, int64_t to) const {
+  const Req& r = at(req);
+  int64_t need = 0;
+  for (int64_t i = std::max<int64_t>(from, 0) / block_tokens_; i < r.cold && i * block_tokens_ < std::min(to, r.len); ++i)
+    need = std::max<int64_t>(need, -r.table[i]);  // slot h = -1 - table[i], needing h + 1 slots
+  return need;
 }
 
 int64_t PagedCache::add(int64_t max_tokens) {
@@ -594,7 +624,7 @@ void PagedCache::require_staged(std::span<const int64_t> reqs, int64_t layer) co
   for (int64_t req : reqs) {
     const Req& r = at(req);
     for (int64_t i = 0; i < r.cold; ++i)
-      MT_CHECK(staged_layer_ == layer && staged_slot_[-1 - r.table[i]] >= 0,
+      MT_CHECK(staged_layer_ == layer && staged_[-1 - r.table[i]],
                "kv cache: layer " + std::to_string(layer) + " of request " + std::to_string(req) +
                    " has offloaded blocks that are not staged (call stage() before the kernels)");
   }
@@ -611,8 +641,8 @@ void PagedCache::runs_in(int64_t req, int64_t layer, int64_t from, int64_t to, c
     if (b >= 0) {
       p = block_ptr(b, layer);
     } else {
-      if (staged_layer_ != layer || staged_slot_[-1 - b] < 0) require_staged({&req, 1}, layer);  // throws
-      p = staging_.as<uint8_t>() + staged_slot_[-1 - b] * slice_bytes();
+      if (staged_layer_ != layer || !staged_[-1 - b]) require_staged({&req, 1}, layer);  // throws
+      p = staging_.as<uint8_t>() + static_cast<int64_t>(-1 - b) * slice_bytes();
     }
     fn(p + (first - i * block_tokens_) * shape_.entry_bytes(), first, std::min((i + 1) * block_tokens_, to) - first);
   }

@@ -207,6 +207,15 @@ class KvCache {
     (void)reqs;
     (void)layer;
   }
+  // An offloading cache: how many of its staging slots, from the first, must hold their copies before
+  // positions [from, to) of req can be read (1 + the highest slot among them); 0 when every one of those
+  // positions is on the device.
+  virtual int64_t staging_needed(int64_t req, int64_t from, int64_t to) const {
+    (void)req;
+    (void)from;
+    (void)to;
+    return 0;
+  }
   // Bytes the cache holds for requests now (reserved or in their blocks; on the device), and of their
   // tokens.
   virtual int64_t reserved_bytes() const = 0;
@@ -280,12 +289,20 @@ class PagedCache final : public KvCache {
   // move to one of host_blocks host blocks (a device-to-host copy of the whole block; a block a fork
   // still holds stays on the device for it as well). append() refuses when a block must move and the
   // host pool is full. stage() copies the layer's slice of every cold block of `reqs` (a host block shared
-  // by forks once) into the staging area, host_blocks slices in the device pool, where runs() reads them
-  // until the next stage() or eviction; runs() over an unstaged cold block is an Error. Call once, before
-  // the first add().
+  // by forks once) into the staging area, host_blocks slots of one slice in the device pool (host block h
+  // in slot h), where runs() reads them until the next stage() or eviction; runs() over an unstaged cold
+  // block is an Error. Call once, before the first add().
   void enable_offload(int64_t host_blocks, int64_t hot_blocks);
   bool offloading() const { return hot_blocks_ > 0; }
   void stage(std::span<const int64_t> reqs, int64_t layer) override;
+  // stage() in two parts, for copies overlapped with the kernels (CudaDecode::run_staged): select_staged()
+  // chooses the slots that the layer's reads need, and copy_staged() copies the chosen ones among slots
+  // [from, to), consecutive slots in one copy where they are consecutive on the host too (a one-layer
+  // cache), through the device's overlapped copies when `overlapped` (Device::copy_async).
+  void select_staged(std::span<const int64_t> reqs, int64_t layer);
+  void copy_staged(int64_t from, int64_t to, bool overlapped);
+  int64_t staging_slots() const { return host_blocks_; }
+  int64_t staging_needed(int64_t req, int64_t from, int64_t to) const override;
   void require_staged(std::span<const int64_t> reqs, int64_t layer) const override;
   int64_t host_blocks_used() const { return host_blocks_ - static_cast<int64_t>(host_free_.size()); }
   int64_t host_reserved_bytes() const { return host_blocks_used() * block_bytes(); }
@@ -321,7 +338,8 @@ class PagedCache final : public KvCache {
   // offload
   int64_t host_blocks_ = 0, hot_blocks_ = 0, staged_layer_ = -1;
   Buffer host_pool_, staging_;
-  std::vector<int32_t> host_free_, host_refs_, staged_slot_;
+  std::vector<int32_t> host_free_, host_refs_;
+  std::vector<uint8_t> staged_;  // per host block: selected for the staging area (slot h)
   Traffic traffic_;
 };
 
