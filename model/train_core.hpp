@@ -781,11 +781,17 @@ class TrainerCore : public Trainer {
       return host_adamw(s);
     }
   }
+  // Each tile's weights go to the device on the device's copy stream (CUDA) while the next tile updates,
+  // as DeepSpeed's CPU Adam overlaps its parameter copies; host_update waits for the last ones before it
+  // returns, so the device's next work finds every weight in place.
   bool host_adamw(StepStats& s) requires kCanOffload {
-    const HostUpdate u = host_update(grads_.template as<S>(), scaler_.inv_scale(), [&](int64_t o, const S* tile, int64_t n) {
-      dev_.copy(W(o), tile, n * sizeof(S), CopyKind::host_to_device);
+    dev_.fork_copies();  // the weights are overwritten after the work that reads them
+    auto to_device = [&](int64_t o, const S* tile, int64_t n) {
+      dev_.copy_async(W(o), tile, n * sizeof(S), CopyKind::host_to_device);
       s.bytes_to_device += n * static_cast<int64_t>(sizeof(S));
-    });
+      return dev_.copy_fence();
+    };
+    const HostUpdate u = host_update(grads_.template as<S>(), scaler_.inv_scale(), dev_.overlaps_copies(), to_device);
     s.non_finite = u.non_finite;
     s.host_optimizer_s = u.seconds;
     return u.applied;
@@ -793,13 +799,16 @@ class TrainerCore : public Trainer {
 
   // The host's optimizer step over the gradients g (times inv, the inverse loss scale): the non-finite
   // check, the loss scaler, then AdamW tile by tile on the master weights and the moments; each tile's
-  // weights, rounded to S, go to sink(offset, tile, n), after which g's tile is no longer read.
+  // weights, rounded to S into a host tile buffer, go to sink(offset, tile, n), after which g's tile is no
+  // longer read. The sink returns a copy fence (Device::copy_fence) that must pass before the buffer is
+  // written again, or -1. With `overlapped` (the sink's copies overlap the host's work: CUDA) two buffers
+  // take turns, so that one tile's copy runs while the next one updates; otherwise one is enough.
   struct HostUpdate {
     bool non_finite = false, applied = false;
     double seconds = 0;
   };
   template <class Sink>
-  HostUpdate host_update(const S* g, float inv, Sink&& sink) requires kCanOffload {
+  HostUpdate host_update(const S* g, float inv, bool overlapped, Sink&& sink) requires kCanOffload {
     HostUpdate u;
     const auto t0 = std::chrono::steady_clock::now();
     int64_t bad = 0;
@@ -816,16 +825,25 @@ class TrainerCore : public Trainer {
       st.eps = o_.eps;
       st.grad_scale = inv;
       constexpr int64_t kTile = int64_t{1} << 18;
-      Buffer tile(dev_.host(), std::min(kTile, L_.total) * sizeof(S), Tag::workspace);
+      const int buffers = overlapped ? 2 : 1;
+      Buffer tiles[2];
+      int64_t fence[2] = {-1, -1};  // the last copy out of each buffer
+      for (int k = 0; k < buffers; ++k) tiles[k] = Buffer(dev_.host(), std::min(kTile, L_.total) * sizeof(S), Tag::workspace);
       float *mw = master_buf_.template as<float>(), *m = m_.template as<float>(), *v = v_.template as<float>();
+      int64_t k = 0;
       for (const ParamTensor& pt : L_.tensors) {
         st.weight_decay = pt.decay ? o_.weight_decay : 0.f;
-        for (int64_t o = pt.offset; o < pt.offset + pt.size; o += kTile) {
+        for (int64_t o = pt.offset; o < pt.offset + pt.size; o += kTile, ++k) {
           const int64_t n = std::min(kTile, pt.offset + pt.size - o);
-          cpu_adamw<S, S>(st, mw + o, m + o, v + o, g + o, tile.template as<S>(), n);
-          sink(o, tile.template as<S>(), n);
+          const int b = static_cast<int>(k % buffers);
+          if (fence[b] >= 0) dev_.wait_copies(fence[b]);
+          S* tile = tiles[b].template as<S>();
+          cpu_adamw<S, S>(st, mw + o, m + o, v + o, g + o, tile, n);
+          fence[b] = sink(o, static_cast<const S*>(tile), n);
         }
       }
+      for (int64_t f : fence)
+        if (f >= 0) dev_.wait_copies(f);  // before the buffers go
       adam_t_ = t;
       u.applied = true;
     }
@@ -839,8 +857,9 @@ class TrainerCore : public Trainer {
   // replace the spent gradients tile by tile, and after `update` they go to the device in one copy.
   HostUpdate pending_update() requires kCanOffload {
     S* g = pending_grads_.template as<S>();
-    return host_update(g, pending_inv_, [g](int64_t o, const S* tile, int64_t n) {
+    return host_update(g, pending_inv_, false, [g](int64_t o, const S* tile, int64_t n) {
       std::memcpy(g + o, tile, static_cast<std::size_t>(n) * sizeof(S));
+      return int64_t{-1};
     });
   }
   void apply_pending(const HostUpdate& u, StepStats& s) {

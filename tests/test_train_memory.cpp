@@ -10,6 +10,7 @@
 #include "impls/offload/zero_model.hpp"
 #include "model/layers.hpp"
 #include "model/train_bench.hpp"
+#include "deferred_copy_device.hpp"
 #include "model_fixtures.hpp"
 #include "test_util.hpp"
 
@@ -257,6 +258,26 @@ TEST(Offload, EqualsTheDeviceStepBitForBit) {
         ASSERT_EQ(off.params[i], dev_run.params[i]) << what << " parameter " << i;
       for (std::size_t s = 0; s < off.steps.size(); ++s) EXPECT_EQ(off.steps[s].loss, dev_run.steps[s].loss) << what;
     }
+  }
+}
+
+// On a device whose copies overlap (CUDA), each updated tile goes to the device on the copy stream while
+// the next one updates, two host tile buffers taking turns. With every copy deferred until its fence or a
+// join (a copy reads its source only then), the run still equals the CPU device's bit for bit.
+TEST(Offload, OverlappedTileCopiesWaitForTheirFences) {
+  const Config c = test::tiny_model();
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed}) {
+    TrainOptions o = test::train_options(p);
+    o.offload = true;
+    auto d1 = make_cpu_device();
+    test::DeferredCopyDevice d2;
+    const OffloadRun plain = train_steps(c, o, 3, *d1);
+    const OffloadRun overlapped = train_steps(c, o, 3, d2);
+    EXPECT_GT(d2.deferred_copies(), 0) << "no copy was outstanding while the host went on";
+    ASSERT_EQ(overlapped.params.size(), plain.params.size());
+    for (std::size_t i = 0; i < plain.params.size(); ++i)
+      ASSERT_EQ(overlapped.params[i], plain.params[i]) << policy_name(p) << " parameter " << i;
+    for (std::size_t s = 0; s < plain.steps.size(); ++s) EXPECT_EQ(overlapped.steps[s].loss, plain.steps[s].loss) << policy_name(p);
   }
 }
 
