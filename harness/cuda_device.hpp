@@ -28,6 +28,7 @@ class CudaDevice final : public Device {
   bool overlaps_copies() const override { return true; }
   int64_t copy_fence() override;
   void wait_copies(int64_t fence) override;
+  void join_copies_until(int64_t fence) override;
   void synchronize() override;
   double time_call(const std::function<void()>& fn) override;
   void flush_caches() override;

@@ -49,6 +49,9 @@ class Device {
   static constexpr int64_t kCopyFences = 8;
   virtual int64_t copy_fence() { return 0; }
   virtual void wait_copies(int64_t fence) { (void)fence; }
+  // The device's side of wait_copies: the work issued to the device after this call waits for the copies
+  // issued before `fence` (the host goes on).
+  virtual void join_copies_until(int64_t fence) { (void)fence; }
   virtual void synchronize() = 0;
   // Runs fn once and returns its duration in seconds (CUDA: events on the device's stream).
   virtual double time_call(const std::function<void()>& fn) = 0;

@@ -153,10 +153,21 @@ int64_t CudaDevice::copy_fence() {
   return f;
 }
 
+namespace {
+void check_fence(int64_t fence, int64_t next) {
+  MT_CHECK(fence >= 0 && fence < next && fence >= next - Device::kCopyFences,
+           "copy fence " + std::to_string(fence) + " is not one of the last " + std::to_string(Device::kCopyFences) + " taken");
+}
+}  // namespace
+
 void CudaDevice::wait_copies(int64_t fence) {
-  MT_CHECK(fence >= 0 && fence < next_fence_ && fence >= next_fence_ - kCopyFences,
-           "wait_copies: fence " + std::to_string(fence) + " is not one of the last " + std::to_string(kCopyFences) + " taken");
+  check_fence(fence, next_fence_);
   MT_CUDA(cudaEventSynchronize(fences_[fence % kCopyFences]));
+}
+
+void CudaDevice::join_copies_until(int64_t fence) {
+  check_fence(fence, next_fence_);
+  MT_CUDA(cudaStreamWaitEvent(stream_, fences_[fence % kCopyFences], 0));
 }
 
 void CudaDevice::synchronize() {

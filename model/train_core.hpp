@@ -324,7 +324,7 @@ class TrainerCore : public Trainer {
   S* G(int64_t off) const {
     if (!offload_) return grads_.template as<S>() + off;
     MT_CHECK(off >= stage_lo_ && off < stage_hi_, "offload: a gradient outside the staged segment");
-    return stage_.template as<S>() + (off - stage_lo_);
+    return stages_[cur_stage_].template as<S>() + (off - stage_lo_);
   }
   void copy_rows(const Buffer& src, Buffer& dst, int64_t n) {
     dev_.copy(dst.data(), src.data(), n * sizeof(S), CopyKind::device_to_device);
@@ -389,26 +389,48 @@ class TrainerCore : public Trainer {
   }
   int64_t head_segment() const { return c_.tie_embeddings ? 0 : c_.layers + 2; }
 
-  // Sends the staged segment to the host and stages segment `id` (zeroed) on the device.
+  // The device's segment buffers for one backward: two that take turns where the device overlaps copies
+  // (a segment's gradients go to the host while the next segment's backward runs), else one.
+  void open_stages() {
+    const int n = dev_.overlaps_copies() ? 2 : 1;
+    for (int k = 0; k < n; ++k) stages_[k] = Buffer(dev_.memory(), largest_segment() * sizeof(S), Tag::grads);
+    cur_stage_ = 0;
+    stage_fence_[0] = stage_fence_[1] = -1;
+  }
+  // After the backward's last flush: the host's gradients are complete once the copies are.
+  void close_stages(StepStats* s) {
+    flush_segment(s);
+    for (int64_t f : stage_fence_)
+      if (f >= 0) dev_.wait_copies(f);
+    stages_[0].reset();
+    stages_[1].reset();
+  }
+  // Sends the staged segment to the host and stages segment `id` (zeroed) on the device, in the next buffer
+  // once the copy out of it is done.
   void stage_segment(int64_t id, StepStats* s) {
     if (!offload_) return;
     flush_segment(s);
     std::tie(stage_lo_, stage_hi_) = segment_range(id);
     stage_id_ = id;
-    be().zero(stage_.data(), static_cast<std::size_t>(stage_hi_ - stage_lo_) * sizeof(S));
+    if (stage_fence_[cur_stage_] >= 0) dev_.join_copies_until(stage_fence_[cur_stage_]);
+    be().zero(stages_[cur_stage_].data(), static_cast<std::size_t>(stage_hi_ - stage_lo_) * sizeof(S));
   }
-  // The first flush of a segment in a step copies into the zeroed host gradients; later ones (the next
-  // micro-batches, a tied head) add there in S.
+  // The first flush of a segment in a step copies into the zeroed host gradients (overlapped: after the
+  // kernels that wrote them, on the copy stream); later ones (the next micro-batches, a tied head) add
+  // there in S, after every copy issued before.
   void flush_segment(StepStats* s) {
     if (!offload_ || stage_id_ < 0) return;
     const int64_t n = stage_hi_ - stage_lo_;
     S* host = grads_.template as<S>() + stage_lo_;
+    const Buffer& stage = stages_[cur_stage_];
     if (!flushed_[stage_id_]) {
-      dev_.copy(host, stage_.data(), n * sizeof(S), CopyKind::device_to_host);
+      dev_.fork_copies();
+      dev_.copy_async(host, stage.data(), n * sizeof(S), CopyKind::device_to_host);
+      stage_fence_[cur_stage_] = dev_.copy_fence();
       flushed_[stage_id_] = true;
     } else {
       Buffer tmp(dev_.host(), n * sizeof(S), Tag::workspace);
-      dev_.copy(tmp.data(), stage_.data(), n * sizeof(S), CopyKind::device_to_host);
+      dev_.copy(tmp.data(), stage.data(), n * sizeof(S), CopyKind::device_to_host);
       const S* add = tmp.template as<S>();
       if constexpr (kCanOffload)
         for (int64_t i = 0; i < n; ++i) host[i] = store<S>(to_f32(host[i]) + to_f32(add[i]));
@@ -416,6 +438,7 @@ class TrainerCore : public Trainer {
     if (s) s->bytes_to_host += n * static_cast<int64_t>(sizeof(S));
     stage_id_ = -1;
     stage_lo_ = stage_hi_ = 0;
+    if (stages_[1].data()) cur_stage_ ^= 1;
   }
   int64_t largest_segment() const {
     int64_t n = 0;
@@ -601,7 +624,7 @@ class TrainerCore : public Trainer {
     Acts a;
     const double loss = forward(a, true);
     const int64_t R = rows(), D = c_.dim, KV = c_.kv_dim(), F = c_.ffn, V = c_.vocab;
-    if (offload_) stage_ = Buffer(dev_.memory(), largest_segment() * sizeof(S), Tag::grads);
+    if (offload_) open_stages();
     be().ce_bwd(a.logits.template as<S>(), targets_.template as<int32_t>(), scale);  // dlogits in place
     const S* dz = a.logits.template as<S>();
     stage_segment(head_segment(), s);
@@ -696,10 +719,7 @@ class TrainerCore : public Trainer {
     }
     stage_segment(0, s);
     if (!lora_) be().embedding_bwd(ids_.template as<int32_t>(), dres.template as<S>(), G(L_.embed));
-    if (offload_) {
-      flush_segment(s);
-      stage_.reset();
-    }
+    if (offload_) close_stages(s);
     return loss;
   }
 
@@ -922,7 +942,9 @@ class TrainerCore : public Trainer {
   // Offload state: the staged gradient segment [stage_lo_, stage_hi_) and which segments reached the
   // host this step.
   bool offload_ = false;
-  Buffer stage_;
+  Buffer stages_[2];             // the device's gradient segment buffers (the second where copies overlap)
+  int cur_stage_ = 0;            // the one being written
+  int64_t stage_fence_[2] = {};  // the copy out of each (-1: none)
   // Delayed update: the previous step's host gradients, their inverse loss scale, and whether they wait.
   Buffer pending_grads_;
   float pending_inv_ = 1;

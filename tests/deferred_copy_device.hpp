@@ -1,8 +1,8 @@
 // A CPU device whose overlapped copies (Device::copy_async) are deferred, for tests of the code that
-// overlaps copies on CUDA: a queued copy reads its source only when it runs, which is at wait_copies (the
-// copies before that fence), join_copies, synchronize or a plain copy (all of them). Code that writes a
-// copy's source again before waiting for its fence, or lets the device read the destination before
-// joining, gets other bits than on the CPU device, where a copy is done when issued.
+// overlaps copies on CUDA: a queued copy reads its source only when it runs, which is at wait_copies or
+// join_copies_until (the copies before that fence), join_copies, synchronize or a plain copy (all of
+// them). Code that writes a copy's source again before waiting for its fence, or lets the device read the
+// destination before joining, gets other bits than on the CPU device, where a copy is done when issued.
 #pragma once
 
 #include <cstdlib>
@@ -38,6 +38,7 @@ class DeferredCopyDevice final : public Device {
     MT_CHECK(fence >= 0 && fence <= issued_, "wait_copies: fence " + std::to_string(fence) + " was never taken");
     run_until(fence);
   }
+  void join_copies_until(int64_t fence) override { wait_copies(fence); }
   void synchronize() override { run_until(issued_); }
   double time_call(const std::function<void()>& fn) override {
     fn();

@@ -261,24 +261,30 @@ TEST(Offload, EqualsTheDeviceStepBitForBit) {
   }
 }
 
-// On a device whose copies overlap (CUDA), each updated tile goes to the device on the copy stream while
-// the next one updates, two host tile buffers taking turns. With every copy deferred until its fence or a
-// join (a copy reads its source only then), the run still equals the CPU device's bit for bit.
-TEST(Offload, OverlappedTileCopiesWaitForTheirFences) {
+// On a device whose copies overlap (CUDA), each gradient segment goes to the host on the copy stream while
+// the next segment's backward runs in the other of two device buffers, and each updated tile goes to the
+// device while the next one updates, two host tile buffers taking turns. With every copy deferred until
+// its fence or a join (a copy reads its source only then), the run still equals the CPU device's bit for
+// bit, with one micro-batch per step and with two (the second's segments added on the host).
+TEST(Offload, OverlappedCopiesWaitForTheirFences) {
   const Config c = test::tiny_model();
-  for (Policy p : {Policy::fp32, Policy::bf16_mixed}) {
-    TrainOptions o = test::train_options(p);
-    o.offload = true;
-    auto d1 = make_cpu_device();
-    test::DeferredCopyDevice d2;
-    const OffloadRun plain = train_steps(c, o, 3, *d1);
-    const OffloadRun overlapped = train_steps(c, o, 3, d2);
-    EXPECT_GT(d2.deferred_copies(), 0) << "no copy was outstanding while the host went on";
-    ASSERT_EQ(overlapped.params.size(), plain.params.size());
-    for (std::size_t i = 0; i < plain.params.size(); ++i)
-      ASSERT_EQ(overlapped.params[i], plain.params[i]) << policy_name(p) << " parameter " << i;
-    for (std::size_t s = 0; s < plain.steps.size(); ++s) EXPECT_EQ(overlapped.steps[s].loss, plain.steps[s].loss) << policy_name(p);
-  }
+  for (Policy p : {Policy::fp32, Policy::bf16_mixed})
+    for (int64_t accum : {1, 2}) {
+      TrainOptions o = test::train_options(p);
+      o.offload = true;
+      o.accum_steps = accum;
+      auto d1 = make_cpu_device();
+      test::DeferredCopyDevice d2;
+      const OffloadRun plain = train_steps(c, o, 3, *d1);
+      const OffloadRun overlapped = train_steps(c, o, 3, d2);
+      const std::string what = std::string(policy_name(p)) + " accum " + std::to_string(accum);
+      EXPECT_GT(d2.deferred_copies(), 0) << what << ": no copy was outstanding while the work went on";
+      ASSERT_EQ(overlapped.grads, plain.grads) << what;
+      ASSERT_EQ(overlapped.params.size(), plain.params.size());
+      for (std::size_t i = 0; i < plain.params.size(); ++i)
+        ASSERT_EQ(overlapped.params[i], plain.params[i]) << what << " parameter " << i;
+      for (std::size_t s = 0; s < plain.steps.size(); ++s) EXPECT_EQ(overlapped.steps[s].loss, plain.steps[s].loss) << what;
+    }
 }
 
 // Several micro-batches: the host adds each one's gradient to the sum of the previous ones (a 16-bit

@@ -3,9 +3,10 @@
 // `offload`: ZeRO-Offload on one device (model/train.hpp's TrainOptions::offload). The implementations train
 // the same case:
 //   device   (reference) weights, gradients, fp32 master and both moments on the device
-//   offload  the device keeps the 16-bit weights (and one segment's gradients during the backward); the
-//            fp32 master, the moments and the gradients live in the host pool, AdamW runs on the host
-//            (the SIMD kernel of model/cpu_adam.hpp) and the updated weights are copied back
+//   offload  the device keeps the 16-bit weights (and one segment's gradients during the backward; two
+//            on CUDA, where one's copy to the host overlaps the next one's backward); the fp32 master, the
+//            moments and the gradients live in the host pool, AdamW runs on the host (the SIMD kernel of
+//            model/cpu_adam.hpp) and the updated weights are copied back, on CUDA overlapped with it
 //   offload-dpu  offload with DeepSpeed's one-step delayed parameter update from step dpu_from on: the
 //            host's AdamW with a step's gradients runs on a host thread during the next step's forward and
 //            backward, so gradients are taken at weights one update old (validation too: it reads the
