@@ -6,7 +6,10 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 pkgs=(cmake ninja-build g++ git libgtest-dev libbenchmark-dev nlohmann-json3-dev libhwy-dev libopenblas-dev libopenblas-openmp-dev chromium fortunes)
 missing=()
-for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# With a second architecture's copy installed too (scripts/check_aarch64.sh adds arm64's), the plain name is
+# ambiguous to dpkg: ask for this machine's architecture then.
+arch=$(dpkg --print-architecture)
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || dpkg -s "$p:$arch" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install_deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
