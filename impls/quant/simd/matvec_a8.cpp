@@ -141,20 +141,21 @@ HWY_INLINE V32 widen(hn::Vec<D16> v) {
   return hn::ReorderWidenMulAccumulate(d32, v, hn::Set(D16(), 1), hn::Zero(d32), unused);
 }
 
-// nf4's byte levels as shuffle tables (in registers): |level| (the unsigned operand) and level (its sign),
-// indexed by a nibble.
+// nf4's byte levels as a shuffle table (in a register): |level|, the unsigned operand, indexed by a nibble.
+// The level's sign needs no table: the levels rise with the code and level 7 is 0, so code - 7 has the
+// sign of its level (checked where the table is built).
 struct Nf4Tables {
   hn::Vec<D8> mag;
-  hn::Vec<DI8> sgn;
 };
+HWY_INLINE hn::Vec<DI8> nf4_sign(hn::Vec<D8> nibbles) { return hn::Sub(hn::BitCast(DI8(), nibbles), hn::Set(DI8(), 7)); }
 
 // The int32 sums of one block's (kWide: two blocks') nibbles `lo` (even elements) and `hi` (odd ones)
 // against the activation codes xe (evens) and xo (odds): per 128-bit lane, one block.
 template <Format F>
 HWY_INLINE V32 nibble_sums(hn::Vec<D8> lo, hn::Vec<D8> hi, hn::Vec<DI8> xe, hn::Vec<DI8> xo, Nf4Tables t) {
   if constexpr (F == Format::nf4) {
-    const auto pe = mul_pairs(hn::TableLookupBytes(t.mag, lo), sign_of(xe, hn::TableLookupBytes(t.sgn, hn::BitCast(DI8(), lo))));
-    const auto po = mul_pairs(hn::TableLookupBytes(t.mag, hi), sign_of(xo, hn::TableLookupBytes(t.sgn, hn::BitCast(DI8(), hi))));
+    const auto pe = mul_pairs(hn::TableLookupBytes(t.mag, lo), sign_of(xe, nf4_sign(lo)));
+    const auto po = mul_pairs(hn::TableLookupBytes(t.mag, hi), sign_of(xo, nf4_sign(hi)));
     return hn::Add(widen(pe), widen(po));  // each pair up to 32512: widened separately
   } else {
     return widen(hn::Add(mul_pairs(lo, xe), mul_pairs(hi, xo)));
@@ -217,11 +218,10 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
   const DF df;
   HWY_ALIGN uint8_t mag[16];
-  HWY_ALIGN int8_t sgn[16];
   for (int c = 0; c < 16; ++c) {
     const int l = nf4_int_level(c, 8);
     mag[c] = static_cast<uint8_t>(l < 0 ? -l : l);
-    sgn[c] = static_cast<int8_t>(l);
+    MT_CHECK((l > 0) - (l < 0) == (c > 7) - (c < 7), "nf4: a byte level's sign is not its code's side of 7");
   }
 #endif
 #if defined(_OPENMP)
@@ -252,7 +252,7 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
       int64_t p = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
       const int64_t r0 = r * gpr;  // row r's first group, flat
-      const Nf4Tables tables{hn::LoadDup128(D8(), mag), hn::LoadDup128(DI8(), sgn)};
+      const Nf4Tables tables{hn::LoadDup128(D8(), mag)};
       VF a0 = hn::Zero(df), a1 = hn::Zero(df);  // sum over pairs of s_g x (the pair's block sums), by lane
       auto step = [&](int64_t q, VF s, VF& acc) {
         acc = hn::MulAdd(pair<F>(row + 32 * q, a.xq + 64 * q, a.xs4 + 8 * q, tables), s, acc);
