@@ -31,7 +31,7 @@ class CudaDevice final : public Device {
   void join_copies_until(int64_t fence) override;
   void synchronize() override;
   double time_call(const std::function<void()>& fn) override;
-  void flush_caches() override;
+  double flush_caches() override;  // returns 0: not timed
   std::optional<std::size_t> backend_used_bytes() override;
 
   cudaStream_t stream() const { return stream_; }

@@ -58,7 +58,9 @@ class Device {
   // Evicts the caches between timed calls of memory-bound work (Work::cold_cache), as nvbench does: the
   // CPU reads a buffer of twice the last-level cache, CUDA memsets one of the L2's size. The buffer is
   // the harness's own, allocated once outside the tracked pools (like OpenBLAS's packing buffers).
-  virtual void flush_caches() {}
+  // Returns the rate at which the flush read memory (bytes per second) where the device measures it
+  // (the CPU), else 0.
+  virtual double flush_caches() { return 0; }
   // Bytes in use as the backend itself sees them (cudaMemGetInfo); nullopt on the CPU.
   virtual std::optional<std::size_t> backend_used_bytes() { return std::nullopt; }
 

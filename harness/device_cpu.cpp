@@ -27,7 +27,7 @@ class CpuDevice final : public Device {
   std::string name() const override { return "cpu"; }
   void copy(void* dst, const void* src, std::size_t bytes, CopyKind) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
-  void flush_caches() override { flush_(); }
+  double flush_caches() override { return flush_(); }
   double time_call(const std::function<void()>& fn) override {
     auto t0 = std::chrono::steady_clock::now();
     fn();

@@ -1,5 +1,6 @@
 #include "harness/host_pages.hpp"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -67,7 +68,7 @@ HostPages make_host_pages(std::size_t bytes) {
   return HostPages(static_cast<unsigned char*>(p));
 }
 
-void CacheFlush::operator()() {
+double CacheFlush::operator()() {
   if (!buf_) {
     const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     words_ = 2 * static_cast<std::size_t>(llc > (16L << 20) ? llc : (64L << 20)) / 8;
@@ -77,9 +78,12 @@ void CacheFlush::operator()() {
   const auto* w = reinterpret_cast<const std::uint64_t*>(buf_.get());
   const auto n = static_cast<int64_t>(words_);
   std::uint64_t sum = 0;
+  const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel for reduction(+ : sum)
   for (int64_t i = 0; i < n; i += 8) sum += w[i];
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   sink_ = sum;
+  return s > 0 ? static_cast<double>(words_ * 8) / s : 0.0;
 }
 
 }  // namespace memtrade

@@ -51,10 +51,13 @@ HostPages make_host_pages(std::size_t bytes);
 // without write-backs) and the thread team is awake when the call starts. Used by the CPU device before
 // every cold-cache call and by the bandwidth probe before every timed copy or read, so that both are
 // measured from memory, not from a last-level cache that may hold most of a 256 MiB buffer (260 MiB on
-// some cloud VMs).
+// some cloud VMs). Returns the rate at which it read (every line of the buffer, bytes per second): a
+// sample of the machine's read bandwidth taken right before the call it precedes, so a cold call can be
+// compared with what memory delivered at that moment (a VM's rate moves with its neighbours: one 2-core
+// VM's probe gave 54-60 GB/s of copy in some minutes and 92-105 in others).
 class CacheFlush {
  public:
-  void operator()();  // allocates the buffer on first use
+  double operator()();  // allocates the buffer on first use
 
  private:
   HostPages buf_;

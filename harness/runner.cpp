@@ -85,11 +85,15 @@ struct HeapWindow {
 void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, double min_time_s, bool cold,
                       const std::string& turn_name) {
   std::vector<Invocation> calls;
+  std::vector<double> flush_rates;  // bytes/s of each cold call's flush, where the device times it
   auto* b = benchmark::RegisterBenchmark(rec.name.c_str(), [&](benchmark::State& st) {
     LockstepTurn turn(turn_name);
     Invocation inv;
     for (auto _ : st) {
-      if (cold) dev.flush_caches();  // outside the timed region
+      if (cold) {  // outside the timed region
+        const double rate = dev.flush_caches();
+        if (rate > 0) flush_rates.push_back(rate);
+      }
       const double c0 = thread_cpu_s();
       const double t = dev.time_call([&] { w.run(); });
       inv.cpu_s += thread_cpu_s() - c0;
@@ -122,6 +126,7 @@ void time_with_gbench(Record& rec, Workload& w, Device& dev, int repetitions, do
     ++next;
   }
   if (rec.times_s.empty()) throw Error("timing produced no repetitions");
+  if (!flush_rates.empty()) rec.counters["flush_read_gbytes_per_s"] = stats::median(flush_rates) * 1e-9;
 }
 
 void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilings& ceilings) {
@@ -145,6 +150,10 @@ void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilin
     if (work.read_stream) {
       it = ceilings.find(be + "_read_bytes_per_s");
       if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_read_ceiling"] = work.bytes / t / it->second;
+      // Against what memory delivered to the flushes right before the calls: the ceilings are probed once
+      // per run, and on a VM the memory rate can move by 1.7x between minutes.
+      const double flush = rec.counter("flush_read_gbytes_per_s") * 1e9;
+      if (flush > 0) rec.counters["frac_of_flush_read"] = work.bytes / t / flush;
     }
   }
 }

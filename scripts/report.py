@@ -757,13 +757,17 @@ def quant_figures(cases):
     if matvec:
         biggest = max(c.x or 0 for c in matvec)
         sel = sorted([c for c in matvec if (c.x or 0) == biggest], key=lambda c: (c.params.get("format", ""), c.impl))
-        frac = [c.counters.get("frac_of_copy_ceiling") for c in sel]
+        def note(c):
+            f, g = c.counters.get("frac_of_copy_ceiling"), c.counters.get("frac_of_flush_read")
+            return ", ".join(([f"{f:.2f} of copy"] if _isnum(f) else []) + ([f"{g:.2f} of flush read"] if _isnum(g) else []))
         key = "weight bytes read per second"
         img = bars([(f"{c.params.get('format')} {c.impl}", {key: c.counters["gbytes_per_s"] * 1e9}) for c in sel], [key],
                    f"quant: matvec (m=1) bandwidth at n={fmt_x(biggest)}", key, kind="rate",
-                   notes=[f"{f:.2f} of copy" if _isnum(f) else "" for f in frac])
+                   notes=[note(c) for c in sel])
         figs.append(figure("Weight bytes (codes, scales) read per second of the batch-1 matvec, RTN weights; beside each "
-                           "bar, the fraction of this machine's copy bandwidth (frac_of_copy_ceiling).", img))
+                           "bar, the fraction of this machine's copy bandwidth probed at the start of the run "
+                           "(frac_of_copy_ceiling) and of the read rate of the cache flushes just before the calls "
+                           "(frac_of_flush_read: memory's rate at the same moment).", img))
     return figs
 
 
@@ -1070,8 +1074,9 @@ def throughput_cell(c):
         if k in ("frac_of_copy_ceiling", "frac_of_read_ceiling") and c.counters.get("cold_cache") != 1:
             return " (above the ceiling: some bytes came from cache, or the probe ran under load)"
         return " (above the ceiling: it was probed under load)"
-    fracs = [f"{fmt_num(v * 100)}% of {k[len('frac_of_'):].replace('_ceiling', '')} ceiling"
-             + (above(k) if v > 1.05 else "")
+    def frac_label(k):
+        return "the flushes' read rate" if k == "frac_of_flush_read" else k[len('frac_of_'):].replace('_ceiling', '') + " ceiling"
+    fracs = [f"{fmt_num(v * 100)}% of {frac_label(k)}" + (above(k) if v > 1.05 and k != "frac_of_flush_read" else "")
              for k, v in c.counters.items() if k.startswith("frac_of_") and _isnum(v)]
     return esc(s) + "".join(f"<br><span class='muted nowrap'>{esc(f)}</span>" for f in fracs)
 
@@ -1132,6 +1137,7 @@ DOMAIN_COUNTERS = [
     ("diverged", "diverged", "g"), ("bits_per_weight", "bits/weight", ".4g"), ("weight_bytes", "weight bytes", "bytes"),
     ("weight_rel_l2_err", "weight rel L2", ".2e"), ("calib_output_mse", "calib. output MSE", ".3e"),
     ("frac_of_copy_ceiling", "of copy bandwidth", ".1%"), ("frac_of_read_ceiling", "of read bandwidth", ".1%"),
+    ("frac_of_flush_read", "of the flushes' read rate", ".1%"),
     ("kv_bytes_per_token", "KV bytes/token", "bytes"), ("weight_bytes_read", "weight bytes/token", "bytes"),
     ("memory_at_2k_tokens", "memory at 2K tokens", "bytes"), ("memory_at_8k_tokens", "memory at 8K tokens", "bytes"),
     ("kv_utilization", "KV utilization", ".1%"), ("kv_budget_utilization", "budget holding tokens", ".1%"),

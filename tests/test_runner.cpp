@@ -203,7 +203,8 @@ TEST(Runner, FilterIsARegexAndSetOverridesParameters) {
 }
 
 namespace {
-// The toy's y = 2 x, reporting its bytes as a read stream (as a matvec does) when `reads` is set.
+// The toy's y = 2 x, reporting its bytes as a read stream timed with cold caches (as a matvec is) when
+// `reads` is set.
 class StreamWorkload final : public Workload {
  public:
   StreamWorkload(const test::ToyProblem& p, Device& dev, bool reads) : inner_(p, dev, false), reads_(reads) {}
@@ -212,6 +213,7 @@ class StreamWorkload final : public Workload {
   Work work() const override {
     Work w = inner_.work();
     w.read_stream = reads_;
+    w.cold_cache = reads_;
     return w;
   }
 
@@ -221,7 +223,7 @@ class StreamWorkload final : public Workload {
 };
 }  // namespace
 
-TEST(Runner, BandwidthIsComparedWithTheCopyCeilingAndReadStreamsAlsoWithTheReadCeiling) {
+TEST(Runner, BandwidthIsComparedWithTheCopyCeilingAndReadStreamsAlsoWithTheReadCeilingAndTheirFlushes) {
   Technique tech = test::toy_technique();
   tech.impls.clear();
   for (bool reads : {false, true})
@@ -238,10 +240,18 @@ TEST(Runner, BandwidthIsComparedWithTheCopyCeilingAndReadStreamsAlsoWithTheReadC
     const double rate = r.counter("gbytes_per_s") * 1e9;
     ASSERT_GT(rate, 0);
     EXPECT_DOUBLE_EQ(r.counter("frac_of_copy_ceiling"), rate / 4e9);
-    if (impl.name == "reads")
+    if (impl.name == "reads") {
       EXPECT_DOUBLE_EQ(r.counter("frac_of_read_ceiling"), rate / 1e9);  // the cpu ceiling, not cuda's
-    else
+      // The cold calls' flushes were timed: the read stream is also set against what they read.
+      const double flush = r.counter("flush_read_gbytes_per_s") * 1e9;
+      EXPECT_GT(flush, 1e8);
+      EXPECT_LT(flush, 1e13);
+      EXPECT_DOUBLE_EQ(r.counter("frac_of_flush_read"), rate / flush);
+    } else {
       EXPECT_EQ(r.counter("frac_of_read_ceiling", -1), -1) << "a call that writes is not a read stream";
+      EXPECT_EQ(r.counter("flush_read_gbytes_per_s", -1), -1) << "warm calls have no flush";
+      EXPECT_EQ(r.counter("frac_of_flush_read", -1), -1);
+    }
   }
 }
 

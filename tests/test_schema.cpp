@@ -93,6 +93,6 @@ TEST(Schema, HarnessMetricsCoverTheRunnersCounters) {
   s.metrics = harness_metrics();
   for (const char* c : {"peak_bytes", "peak_extra_bytes", "peak_bytes_workspace", "max_abs_err", "rel_l2_err",
                         "nan_count", "tflops", "gbytes_per_s", "tokens_per_s", "frac_of_copy_ceiling",
-                        "frac_of_read_ceiling"})
+                        "frac_of_read_ceiling", "flush_read_gbytes_per_s", "frac_of_flush_read"})
     EXPECT_NE(s.metric(c), nullptr) << c;
 }
