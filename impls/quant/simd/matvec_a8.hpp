@@ -21,9 +21,10 @@
 // Floats: one product by the block's scale per block, the group's sum times its scale, the zero-point
 // correction, fp32 sums across blocks, lanes and groups (nf4: the row's sum times 1/127 at the end).
 //
-// Where it runs: x86 SIMD targets (SSSE3 and up: 128-bit steps on SSSE3/SSE4, 256-bit on AVX2 and AVX-512,
-// where Zen 4 splits 512-bit operations anyway); every other target (scalar, Arm) computes the same
-// integer sums block by block in plain C++ (correct, not fast).
+// Where it runs: x86 SIMD targets (SSSE3 and up: 128-bit steps on SSSE3/SSE4, 256-bit on AVX2; on AVX-512
+// the 4-bit formats' runs of whole groups take two pairs per 512-bit step, the rest 256-bit ones); every
+// other target (scalar, Arm) computes the same integer sums block by block in plain C++ (correct, not
+// fast).
 #pragma once
 
 #include <cstddef>
