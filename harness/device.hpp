@@ -56,7 +56,7 @@ class Device {
   // Runs fn once and returns its duration in seconds (CUDA: events on the device's stream).
   virtual double time_call(const std::function<void()>& fn) = 0;
   // Evicts the caches between timed calls of memory-bound work (Work::cold_cache), as nvbench does: the
-  // CPU reads a buffer of twice the last-level cache, CUDA memsets one of the L2's size. The buffer is
+  // CPU reads a buffer of twice the last-level cache, CUDA one of twice the L2's size. The buffer is
   // the harness's own, allocated once outside the tracked pools (like OpenBLAS's packing buffers).
   // Returns the rate at which the flush read memory (bytes per second) where the device measures it
   // (the CPU), else 0.

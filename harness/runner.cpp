@@ -151,7 +151,7 @@ void add_throughput(Record& rec, const Work& work, Backend backend, const Ceilin
       it = ceilings.find(be + "_read_bytes_per_s");
       if (it != ceilings.end() && it->second > 0) rec.counters["frac_of_read_ceiling"] = work.bytes / t / it->second;
       // Against what memory delivered to the flushes right before the calls: the ceilings are probed once
-      // per run, and on a VM the memory rate can move by 1.7x between minutes.
+      // per run, and on a VM the memory rate can move by 1.7x from one case to the next.
       const double flush = rec.counter("flush_read_gbytes_per_s") * 1e9;
       if (flush > 0) rec.counters["frac_of_flush_read"] = work.bytes / t / flush;
     }
