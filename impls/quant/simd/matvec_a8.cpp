@@ -148,14 +148,38 @@ struct Nf4Tables {
   hn::Vec<D8> mag;
 };
 HWY_INLINE hn::Vec<DI8> nf4_sign(hn::Vec<D8> nibbles) { return hn::Sub(hn::BitCast(DI8(), nibbles), hn::Set(DI8(), 7)); }
+// x with the sign of the nf4 levels of `nibbles` (0 where the level is 0), the signed operand.
+HWY_INLINE hn::Vec<DI8> nf4_signed(hn::Vec<DI8> x, hn::Vec<D8> nibbles) { return sign_of(x, nf4_sign(nibbles)); }
+
+#if HWY_TARGET <= HWY_AVX3
+// AVX-512: two pairs of blocks (64 code bytes, 128 activation codes) per step, the same integer sums in
+// 512-bit registers: one load, mask, shift, two vpmaddubsw and one vpmaddwd per 128 weights instead of per
+// 64. Measured 1.2-1.6x faster in cache on Zen 5, whose 512-bit units are full width (Zen 4 splits 512-bit
+// operations in two; Intel's cores not measured). Lanes: 128-bit lane i holds block 2q + i of pairs q, q + 1.
+// The helpers above, for 512-bit vectors (no psignb there: the activation is negated under a mask where
+// the code is below 7; level 7 is 0, so its sign does not matter).
+using D8W = hn::FixedTag<uint8_t, 64>;
+using DI8W = hn::Repartition<int8_t, D8W>;
+using D16W = hn::Repartition<int16_t, D8W>;
+using D32W = hn::Repartition<int32_t, D8W>;
+using DFW = hn::Repartition<float, D8W>;
+using VFW = hn::Vec<DFW>;
+HWY_INLINE hn::Vec<D16W> mul_pairs(hn::Vec<D8W> u, hn::Vec<DI8W> s) { return hn::Vec<D16W>{_mm512_maddubs_epi16(u.raw, s.raw)}; }
+HWY_INLINE hn::Vec<D32W> widen(hn::Vec<D16W> v) { return hn::Vec<D32W>{_mm512_madd_epi16(v.raw, _mm512_set1_epi16(1))}; }
+HWY_INLINE hn::Vec<DI8W> nf4_signed(hn::Vec<DI8W> x, hn::Vec<D8W> nibbles) {
+  const DI8W di8;
+  return hn::IfThenElse(hn::Lt(hn::BitCast(di8, nibbles), hn::Set(di8, 7)), hn::Neg(x), x);
+}
+#endif
 
 // The int32 sums of one block's (kWide: two blocks') nibbles `lo` (even elements) and `hi` (odd ones)
 // against the activation codes xe (evens) and xo (odds): per 128-bit lane, one block.
-template <Format F>
-HWY_INLINE V32 nibble_sums(hn::Vec<D8> lo, hn::Vec<D8> hi, hn::Vec<DI8> xe, hn::Vec<DI8> xo, Nf4Tables t) {
+// (Any width the helpers take: `mag` is the nf4 table in every 128-bit lane.)
+template <Format F, class VU, class VS>
+HWY_INLINE auto nibble_sums(VU lo, VU hi, VS xe, VS xo, VU mag) {
   if constexpr (F == Format::nf4) {
-    const auto pe = mul_pairs(hn::TableLookupBytes(t.mag, lo), sign_of(xe, nf4_sign(lo)));
-    const auto po = mul_pairs(hn::TableLookupBytes(t.mag, hi), sign_of(xo, nf4_sign(hi)));
+    const auto pe = mul_pairs(hn::TableLookupBytes(mag, lo), nf4_signed(xe, lo));
+    const auto po = mul_pairs(hn::TableLookupBytes(mag, hi), nf4_signed(xo, hi));
     return hn::Add(widen(pe), widen(po));  // each pair up to 32512: widened separately
   } else {
     return widen(hn::Add(mul_pairs(lo, xe), mul_pairs(hi, xo)));
@@ -171,31 +195,17 @@ HWY_INLINE VF pair(const uint8_t* codes, const int8_t* xq, const float* xs4, Nf4
   const DF df;
   if constexpr (kWide) {
     const auto c = hn::LoadU(d8, codes);
-    const V32 s = nibble_sums<F>(hn::And(c, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c), hn::LoadU(di8, xq), hn::LoadU(di8, xq + 32), t);
+    const V32 s = nibble_sums<F>(hn::And(c, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c), hn::LoadU(di8, xq), hn::LoadU(di8, xq + 32), t.mag);
     return hn::Mul(hn::ConvertTo(df, s), hn::LoadU(df, xs4));  // lanes 0-3 block 0, 4-7 block 1
   } else {
     const auto c0 = hn::LoadU(d8, codes), c1 = hn::LoadU(d8, codes + 16);
-    const V32 s0 = nibble_sums<F>(hn::And(c0, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c0), hn::LoadU(di8, xq), hn::LoadU(di8, xq + 32), t);
-    const V32 s1 = nibble_sums<F>(hn::And(c1, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c1), hn::LoadU(di8, xq + 16), hn::LoadU(di8, xq + 48), t);
+    const V32 s0 = nibble_sums<F>(hn::And(c0, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c0), hn::LoadU(di8, xq), hn::LoadU(di8, xq + 32), t.mag);
+    const V32 s1 = nibble_sums<F>(hn::And(c1, hn::Set(d8, 0x0F)), hn::ShiftRight<4>(c1), hn::LoadU(di8, xq + 16), hn::LoadU(di8, xq + 48), t.mag);
     return hn::MulAdd(hn::ConvertTo(df, s1), hn::LoadU(df, xs4 + 4), hn::Mul(hn::ConvertTo(df, s0), hn::LoadU(df, xs4)));
   }
 }
 
 #if HWY_TARGET <= HWY_AVX3
-// AVX-512: two pairs of blocks (64 code bytes, 128 activation codes) per step, the same integer sums in
-// 512-bit registers: one load, mask, shift, two vpmaddubsw and one vpmaddwd per 128 weights instead of per
-// 64. Measured 1.2-1.6x faster in cache on Zen 5, whose 512-bit units are full width (Zen 4 splits 512-bit
-// operations in two; Intel's cores not measured). Lanes: 128-bit lane i holds block 2q + i of pairs q, q + 1.
-using D8W = hn::FixedTag<uint8_t, 64>;
-using DI8W = hn::Repartition<int8_t, D8W>;
-using D16W = hn::Repartition<int16_t, D8W>;
-using D32W = hn::Repartition<int32_t, D8W>;
-using DFW = hn::Repartition<float, D8W>;
-using VFW = hn::Vec<DFW>;
-
-HWY_INLINE hn::Vec<D32W> widen_w(hn::Vec<D16W> v) { return hn::Vec<D32W>{_mm512_madd_epi16(v.raw, _mm512_set1_epi16(1))}; }
-HWY_INLINE hn::Vec<D16W> mul_pairs_w(hn::Vec<D8W> u, hn::Vec<DI8W> s) { return hn::Vec<D16W>{_mm512_maddubs_epi16(u.raw, s.raw)}; }
-
 template <Format F>
 HWY_INLINE VFW quad(const uint8_t* codes, const int8_t* xq, const float* xs4, hn::Vec<D8W> mag) {
   const D8W d8;
@@ -205,16 +215,7 @@ HWY_INLINE VFW quad(const uint8_t* codes, const int8_t* xq, const float* xs4, hn
   // Pair q's activation codes are evens (32) then odds (32), pair q + 1's after them.
   const auto x0 = hn::LoadU(di8, xq), x1 = hn::LoadU(di8, xq + 64);
   const auto xe = hn::ConcatLowerLower(di8, x1, x0), xo = hn::ConcatUpperUpper(di8, x1, x0);
-  hn::Vec<D32W> s;
-  if constexpr (F == Format::nf4) {
-    // |level| by a shuffle; the activation negated where the level is negative (code < 7; code 7 is 0).
-    const auto neg_e = hn::Lt(hn::BitCast(di8, lo), hn::Set(di8, 7)), neg_o = hn::Lt(hn::BitCast(di8, hi), hn::Set(di8, 7));
-    const auto se = hn::IfThenElse(neg_e, hn::Neg(xe), xe), so = hn::IfThenElse(neg_o, hn::Neg(xo), xo);
-    s = hn::Add(widen_w(mul_pairs_w(hn::TableLookupBytes(mag, lo), se)), widen_w(mul_pairs_w(hn::TableLookupBytes(mag, hi), so)));
-  } else {
-    s = widen_w(hn::Add(mul_pairs_w(lo, xe), mul_pairs_w(hi, xo)));
-  }
-  return hn::Mul(hn::ConvertTo(DFW(), s), hn::LoadU(DFW(), xs4));
+  return hn::Mul(hn::ConvertTo(DFW(), nibble_sums<F>(lo, hi, xe, xo, mag)), hn::LoadU(DFW(), xs4));
 }
 #endif
 
