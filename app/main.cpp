@@ -546,6 +546,8 @@ int cmd_probe(const Args& a) {
   const std::string be = a.get("--backend", "auto");
   if (be != "cpu" && be != "cuda" && be != "auto") throw Usage("unknown backend '" + be + "'");
   Ceilings c;
+  if (be != "cuda")
+    if (const std::string n = memtrade::blas::narrower_kernels_note(); !n.empty()) std::printf("note: %s\n", n.c_str());
   if (be != "cuda") c = probe_cpu();
   if (be != "cpu") {
     auto cs = cuda_status();

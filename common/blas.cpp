@@ -43,6 +43,31 @@ void use_the_cpus_kernels(char** argv) {
 #endif
 }
 
+std::string narrower_kernels_note(const std::string& core, int cpu_level, const char* coretype_env) {
+  // OpenBLAS's AVX-512 kernel sets are level 3, its AVX2 ones level 2.
+  const int level = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids" ? 3
+                    : core == "Haswell" || core == "Zen" || core == "Excavator"            ? 2
+                                                                                           : 1;
+  if (cpu_level < 2 || level >= cpu_level) return {};
+  const std::string simd = cpu_level == 3 ? "AVX-512" : "AVX2 + FMA";
+  return "OpenBLAS runs its " + core + " kernels on a CPU with " + simd +
+         (coretype_env ? " because $OPENBLAS_CORETYPE is " + std::string(coretype_env) + ": unset it to let OpenBLAS choose"
+                       : ": set $OPENBLAS_CORETYPE to an " + simd + " kernel set (" + (cpu_level == 3 ? "SkylakeX" : "Haswell") + ")") +
+         "; until then its GEMMs, the sgemm ceiling included, are figures of the narrower kernels";
+}
+
+std::string narrower_kernels_note() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const int cpu = avx512 ? 3 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+  return narrower_kernels_note(core(), cpu, std::getenv("OPENBLAS_CORETYPE"));
+#else
+  return {};
+#endif
+}
+
 }  // namespace memtrade::blas
 
 namespace memtrade::blas {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace memtrade::blas {
 
@@ -24,6 +25,15 @@ const char* core();
 // to the widest kernel set the CPU supports (SkylakeX for AVX-512, Haswell for AVX2 + FMA). Nothing happens
 // when the variable is set already, when OpenBLAS recognized the CPU, or when the CPU has neither.
 void use_the_cpus_kernels(char** argv);
+
+// "" unless OpenBLAS runs kernels narrower than this x86 CPU's widest SIMD (AVX2 or older kernels on an
+// AVX-512 CPU, pre-AVX2 ones on an AVX2 + FMA CPU), as when $OPENBLAS_CORETYPE names an older core: then
+// a sentence that says so, for the run's output and its results (every OpenBLAS GEMM, the probed sgemm
+// ceiling included, is then a figure of the narrower kernels).
+std::string narrower_kernels_note();
+// The same for a given kernel set, CPU SIMD level (3 AVX-512, 2 AVX2 + FMA, 1 older) and value of
+// $OPENBLAS_CORETYPE (nullptr: unset).
+std::string narrower_kernels_note(const std::string& core, int cpu_level, const char* coretype_env);
 
 }  // namespace memtrade::blas
 

@@ -98,6 +98,7 @@ Json build_context(const RunInfo& info) {
   m["cpu_model"] = cpu_model();
   m["simd_target"] = simd::target_name();  // the runtime-dispatched kernels' instruction set ($MEMTRADE_SIMD)
   m["blas_core"] = blas::core();            // OpenBLAS's kernel set ($OPENBLAS_CORETYPE)
+  if (const std::string n = blas::narrower_kernels_note(); !n.empty()) m["blas_note"] = n;
   m["huge_pages"] = huge_pages_mode();      // 2 MiB pages for the harness's large host buffers
   m["cpu_cores"] = std::thread::hardware_concurrency();
   auto cs = cuda_status();

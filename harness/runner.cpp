@@ -14,6 +14,7 @@
 #include <regex>
 #include <thread>
 
+#include "common/blas.hpp"
 #include "common/simd/targets.hpp"
 #include "harness/heap_probe.hpp"
 #include "harness/lockstep.hpp"
@@ -511,6 +512,8 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
   // Asked for CUDA alone and none is usable: an error, not a run of skipped cases that exits 0 (a
   // nightly GPU job with a broken driver must fail). --backend auto records the CUDA cases as skipped.
   if (opts.backend == "cuda" && !cuda) throw Error("--backend cuda: no usable CUDA device (" + cuda_reason + ")");
+  if (cpu)
+    if (const std::string n = blas::narrower_kernels_note(); !n.empty()) std::fprintf(stderr, "memtrade: note: %s\n", n.c_str());
   if (opts.verbose && opts.probe) std::printf("memtrade: measuring machine ceilings...\n");
   if (cpu && opts.probe) info.ceilings = probe_cpu();
   if (cuda && opts.probe)

@@ -960,7 +960,8 @@ def context_table(idx, path, results, is_current):
             ("compiler", esc(mt.get("compiler", "—"))), ("build type", esc(mt.get("build_type", "—"))),
             ("CXX flags", esc(mt.get("cxx_flags", "—"))), ("CPU", esc(cpu)), ("GPU", esc(gpu)),
             ("CPU settings", esc(", ".join(f"{k} {mt[k]}" for k in ("simd_target", "blas_core", "huge_pages")
-                                           if mt.get(k)) or "—")),
+                                           if mt.get(k)) or "—")
+             + (f"<div class='warn'>{esc(mt['blas_note'])}</div>" if mt.get("blas_note") else "")),
             ("memory capacity", esc(cap)),
             ("ceilings", ceil_html), ("entries", esc(len(results["benchmarks"])))]
     warn = ('<p class="synthetic">SYNTHETIC DATA: this results file was generated for testing; '

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "app/techniques.hpp"
+#include "common/blas.hpp"
 #include "gemm_check.hpp"
 
 using namespace memtrade;
@@ -88,4 +89,21 @@ TEST(Gemm, WorkCountsFlopsAndBytes) {
   EXPECT_EQ(w->work().flops, 2.0 * 2 * 3 * 4);
   EXPECT_EQ(w->work().bytes, (2 * 4 + 4 * 3 + 2 * 3) * 4.0);
   EXPECT_EQ(w->work().gemm_dtype, "fp32");
+}
+
+TEST(Gemm, OpenBlasKernelsNarrowerThanTheCpuAreNamed) {
+  using memtrade::blas::narrower_kernels_note;
+  const std::string forced = narrower_kernels_note("Haswell", 3, "Haswell");
+  EXPECT_NE(forced.find("runs its Haswell kernels on a CPU with AVX-512 because $OPENBLAS_CORETYPE is Haswell: unset it"),
+            std::string::npos)
+      << forced;
+  const std::string chosen = narrower_kernels_note("Zen", 3, nullptr);
+  EXPECT_NE(chosen.find("set $OPENBLAS_CORETYPE to an AVX-512 kernel set (SkylakeX)"), std::string::npos) << chosen;
+  const std::string generic = narrower_kernels_note("Prescott", 2, nullptr);
+  EXPECT_NE(generic.find("on a CPU with AVX2 + FMA: set $OPENBLAS_CORETYPE to an AVX2 + FMA kernel set (Haswell)"),
+            std::string::npos)
+      << generic;
+  for (const char* wide : {"SkylakeX", "Cooperlake", "SapphireRapids"}) EXPECT_EQ(narrower_kernels_note(wide, 3, wide), "");
+  EXPECT_EQ(narrower_kernels_note("Haswell", 2, "Haswell"), "");  // as wide as the CPU
+  EXPECT_EQ(narrower_kernels_note("Prescott", 1, nullptr), "");   // a CPU without AVX2: nothing wider to run
 }

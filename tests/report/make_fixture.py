@@ -135,6 +135,10 @@ def make(variant):
             "ceilings": {"cpu_fp32_gemm_flops": CEIL_FLOPS, "cpu_copy_bytes_per_s": CEIL_COPY},
         },
     }
+    if variant == 1:  # the current run's OpenBLAS ran narrower kernels than its CPU allows
+        context["memtrade"]["blas_core"] = "Haswell"
+        context["memtrade"]["blas_note"] = ("OpenBLAS runs its Haswell kernels on a CPU with AVX-512 because "
+                                            "$OPENBLAS_CORETYPE is Haswell (synthetic)")
     claims = [{
         "id": "fp32-gemm-error-growth",
         "statement": "fp32 GEMM relative error grows roughly like sqrt(K)*eps",

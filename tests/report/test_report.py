@@ -323,6 +323,8 @@ def main(argv=None):
         if synthetic:
             checks.ok(re.search(r"<td[^>]*>NaN", html) and "SYNTHETIC DATA" in html,
                       "NaN error rendered as 'NaN'; synthetic data flagged")
+            checks.ok(html.count("<div class='warn'>OpenBLAS runs its Haswell kernels") == 1,
+                      "the run context flags OpenBLAS kernels narrower than the CPU (the run that has the note)")
         check_render(checks, chromium, workdir, html_path, n_plots)
         check_errors(checks, report, workdir, results[-1])
         check_single_file(checks, report, workdir, results[-1])
