@@ -244,7 +244,8 @@ CompareResult compare_runs(const std::vector<LoadedResults>& base_runs, const st
   int untestable = 0;  // time checks with too few (stable) runs for the test to reach alpha
 
   auto add = [&](CompareRow row) {
-    ++R.checks;
+    const bool listed = !row.regression && (row.verdict == "new_metric" || row.verdict == "new" || row.verdict == "not_compared");
+    ++(listed ? R.listed : R.checks);
     if (row.regression) ++R.regressions;
     R.rows.push_back(std::move(row));
   };
@@ -546,9 +547,10 @@ std::string format_compare(const CompareResult& r, bool md) {
   std::stable_sort(shown.begin(), shown.end(), [](auto* a, auto* b) { return a->regression > b->regression; });
   std::string out;
   char line[1024];
-  std::snprintf(line, sizeof line, "%d regression(s) in %d checks (time %s; %d baseline and %d current run(s))%s%s",
+  std::snprintf(line, sizeof line, "%d regression(s) in %d checks (time %s; %d baseline and %d current run(s))%s%s%s",
                 r.regressions, r.checks, r.time_gate ? "gates" : "report-only", r.baseline_runs, r.current_runs,
                 r.unstable.empty() ? "" : (", " + std::to_string(r.unstable.size()) + " unstable").c_str(),
+                r.listed ? (", " + std::to_string(r.listed) + " listed, not compared").c_str() : "",
                 r.regressions ? "" : ": clean");
   const std::string summary = line;
   if (md) return markdown_compare(r, shown, new_metrics, summary);
@@ -581,6 +583,7 @@ Json compare_to_json(const CompareResult& r) {
   j["notes"] = r.notes;
   j["regressions"] = r.regressions;
   j["checks"] = r.checks;
+  j["listed"] = r.listed;
   j["baseline_runs"] = r.baseline_runs;
   j["current_runs"] = r.current_runs;
   j["unstable"] = r.unstable;

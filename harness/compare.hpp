@@ -89,7 +89,8 @@ struct CompareResult {
   std::vector<std::string> notes;  // machine-class mismatches, too few repetitions, ...
   std::vector<CompareRow> rows;    // every check made, ok ones included
   int regressions = 0;
-  int checks = 0;
+  int checks = 0;  // rows compared (or failed outright: a missing case, a new error)
+  int listed = 0;  // rows listed, not compared: new cases and counters, other machine class or implementation
   int baseline_runs = 1, current_runs = 1;
   std::vector<std::string> unstable;  // record names (suite/case/impl, for run --filter) whose time verdict needs more stable runs
   // Time regressions as (row name, record name for run --filter).

@@ -258,6 +258,14 @@ TEST(Compare, CountersTheBaselineLacksAreListedAsNew) {
   EXPECT_EQ(r.regressions, 0);
   ASSERT_NE(row_of(r, "gemm/n=64,dtype=fp32/openblas", "peak_bytes_kv"), nullptr);
   EXPECT_EQ(row_of(r, "gemm/n=64,dtype=fp32/openblas", "peak_bytes_kv")->verdict, "new_metric");
+  // Listed, not counted among the checks.
+  const auto same = compare_results(sample(), sample(), {});
+  EXPECT_EQ(r.checks, same.checks);
+  EXPECT_EQ(r.listed, same.listed + 1);
+  EXPECT_NE(format_compare(r, false).find(" checks (time gates; 1 baseline and 1 current run(s)), " +
+                                          std::to_string(r.listed) + " listed, not compared: clean"),
+            std::string::npos)
+      << format_compare(r, false);
 }
 
 TEST(Compare, ErrorGrowthNeedsRatioAndAFloorInUnitRoundoffs) {
