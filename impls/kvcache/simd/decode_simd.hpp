@@ -15,7 +15,8 @@
 // blocks' (s, m) per decoded vector.
 // The order in which a chunk's records are read depends on the storage type. fp32, bf16 and fp16 score
 // block of tokens by block of tokens across the unit's KV heads (each token's K records read front to back, a
-// stream the hardware prefetchers follow), then run the softmax and value pass KV head by KV head. The
+// stream the hardware prefetchers follow, while the same tokens of the next chunk have their records
+// prefetched into L1), then run the softmax and value pass KV head by KV head. The
 // 8- and 4-bit types, whose decode costs more arithmetic per byte, work KV head by KV head (scores,
 // softmax and values together) while the score loop prefetches the next chunk's records of the same KV
 // head into L2. Every score and sum is the same in both orders.
