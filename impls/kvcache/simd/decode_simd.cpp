@@ -405,7 +405,7 @@ constexpr int64_t kScoreRows = 256;
 // As each block of tokens is scored, the same tokens of the next chunk have their records (the unit's K
 // and V, every line) prefetched into L1: on a 2-core AMD EPYC (Zen 5; one process alternating the two
 // call by call, caches flushed before each) fp32 at 32K x 8 1.36x faster where memory ran at 72 GB/s and
-// 1.08-1.16x where it ran at 43-45 (4K-32K tokens, batch 1 and 8; one thread 1.22x), bf16 1.12-1.14x
+// 1.08-1.16x where it ran at 43-45 (4K-32K tokens, batch 1 and 8; one thread 1.22x), bf16 1.10-1.14x
 // (into L2: fp32 1.16x, bf16 1.15x at 32K x 8). Not measured on Zen 2 or Intel cores since.
 HWY_INLINE void PrefetchRecords(const uint8_t* entry, int64_t kv_heads, int64_t g0, int64_t g1, int64_t hb) {
   for (int64_t kv = 0; kv < 2; ++kv) {
