@@ -446,7 +446,7 @@ void dense_rows(const TW* W, const float* x, float* y, int64_t N, int64_t K) {
     const TW* row = W + r * K;
     for (; k + 4 * V <= K; k += 4 * V) {
       for (int64_t b = 0; b < 4 * V * kBytes; b += 64)
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(row + k) + b + kPrefetchBytes);
+        hwy::Prefetch(reinterpret_cast<const uint8_t*>(row + k) + b + kDensePrefetchBytes);
       a0 = hn::MulAdd(LoadRow(row + k), hn::LoadU(df, x + k), a0);
       a1 = hn::MulAdd(LoadRow(row + k + V), hn::LoadU(df, x + k + V), a1);
       a2 = hn::MulAdd(LoadRow(row + k + 2 * V), hn::LoadU(df, x + k + 2 * V), a2);
@@ -478,7 +478,7 @@ HWY_INLINE void dense_block(const TW* W, const float* X, float* Y, int64_t r, in
   for (; k + V <= K; k += V) {
     VF w[R];
     for (int i = 0; i < R; ++i) {
-      if (prefetch && k % kLine < V) hwy::Prefetch(W + (r + i) * K + k + kPrefetchBytes / sizeof(TW));
+      if (prefetch && k % kLine < V) hwy::Prefetch(W + (r + i) * K + k + kDensePrefetchBytes / sizeof(TW));
       w[i] = LoadRow(W + (r + i) * K + k);
     }
     for (int j = 0; j < MB; ++j) {
