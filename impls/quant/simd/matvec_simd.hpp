@@ -18,7 +18,7 @@ namespace memtrade::quant::simd {
 // from DRAM.
 inline constexpr int64_t kPrefetchBytes = 4096;
 // The dense fp32 / bf16 rows, which spend less arithmetic per byte, twice as far. Zen 5, 4096 x 4096, one
-// process alternating the distances call by call (caches flushed before each): against 4 KB, bf16 0.83-0.90
+// process alternating the distances call by call (caches flushed before each): against 4 KB, bf16 0.85-0.90
 // of the time and fp32 0.91-0.96 where memory ran above 60 GB/s, 0.86 and 0.93 on one thread, level on two
 // threads where it ran at 40-60 GB/s; 16 and 32 KB no better than 8 KB on the whole.
 inline constexpr int64_t kDensePrefetchBytes = 8192;
