@@ -223,7 +223,7 @@ HWY_INLINE VFW quad(const uint8_t* codes, const int8_t* xq, const float* xs4, hn
 // Two blocks of int8 codes (64 bytes, natural order) per 512-bit step: the int32 sums of |q| x (x with q's
 // sign), 128-bit lanes 0-1 block b, lanes 2-3 block b + 1. There is no 512-bit psignb: x is negated under
 // a mask where q < 0 (where q = 0, |q| = 0 makes the sign irrelevant; activation codes are within +-127).
-// Zen 5, in cache: 1.14-1.22x the 256-bit loop's speed; cold, where memory bounds the call, level.
+// Zen 5, in cache: 1.15-1.21x the 256-bit loop's speed; cold, where memory bounds the call, level.
 HWY_INLINE hn::Vec<D32W> int8_blocks2(const int8_t* w, const int8_t* xq) {
   const DI8W di8;
   const auto q = hn::LoadU(di8, w), x = hn::LoadU(di8, xq);
