@@ -91,10 +91,12 @@ def llc_bytes():
 
 
 def time_call(torch, fn, repetitions, min_time_s, sync, cold=False, gpu=False):
-    """Per-call real and CPU time of each repetition (ns), as memtrade's harness measures them: with `cold`,
-    each of COLD_CALLS calls per repetition follows a pass over twice the last-level cache (on the GPU: a
-    read of twice the L2, and the call timed by CUDA events), outside the timed region (memtrade's
-    Work::cold_cache, for the memory-bound kernels)."""
+    """(calls per repetition, per-call real and CPU time of each repetition in ns, flush read rate in bytes/s
+    or None), as memtrade's harness measures them: with `cold`, each of COLD_CALLS calls per repetition
+    follows a read of twice the last-level cache (on the GPU: of twice the L2, and the call timed by CUDA
+    events), outside the timed region (memtrade's Work::cold_cache, for the memory-bound kernels). On the
+    CPU the reads are timed, as memtrade's CacheFlush times its own: their median rate says how fast memory
+    delivered around the calls, which on some machines changes from one second to the next."""
     fn()
     sync()
     if cold and gpu:
@@ -116,21 +118,24 @@ def time_call(torch, fn, repetitions, min_time_s, sync, cold=False, gpu=False):
                 stop.synchronize()
                 real, cpu = real + start.elapsed_time(stop) * 1e-3, cpu + time.thread_time() - c
             reps.append((real / COLD_CALLS * 1e9, cpu / COLD_CALLS * 1e9))
-        return COLD_CALLS, reps
+        return COLD_CALLS, reps, None
     if cold:
-        scratch = torch.ones(2 * llc_bytes() // 4)
-        reps = []
+        floats = 2 * llc_bytes() // 4
+        scratch = torch.ones(floats)
+        reps, rates = [], []
         for _ in range(repetitions):
             real = cpu = 0.0
             for _ in range(COLD_CALLS):
-                scratch.add_(1.0)
+                f = time.perf_counter()
+                scratch.sum()  # read, not written: no dirty lines to drain inside the timed call
                 sync()
+                rates.append(4 * floats / max(time.perf_counter() - f, 1e-12))
                 t, c = time.perf_counter(), time.thread_time()
                 fn()
                 sync()
                 real, cpu = real + time.perf_counter() - t, cpu + time.thread_time() - c
             reps.append((real / COLD_CALLS * 1e9, cpu / COLD_CALLS * 1e9))
-        return COLD_CALLS, reps
+        return COLD_CALLS, reps, statistics.median(rates)
     iters = 1
     while True:  # calls per repetition: enough for min_time_s
         t = time.perf_counter()
@@ -148,7 +153,7 @@ def time_call(torch, fn, repetitions, min_time_s, sync, cold=False, gpu=False):
             fn()
         sync()
         reps.append(((time.perf_counter() - t) / iters * 1e9, (time.thread_time() - c) / iters * 1e9))
-    return iters, reps
+    return iters, reps, None
 
 
 # ---------------------------------------------------------------- the peers of each technique
@@ -209,7 +214,8 @@ def quant_peers(torch, p, device, dtype_of):
         dt = dtype_of(fmt)
         wd, xd = w.to(device=device, dtype=dt), x.to(device=device, dtype=dt)
         fn = (lambda: torch.mv(wd, xd[0])) if m == 1 else (lambda: torch.mm(xd, wd.t()))
-        return [("torch-mv", fn, {"flops": flops, "weight_bytes": n * k * (4 if fmt == "fp32" else 2), "cold": True})], ""
+        return [("torch-mv", fn, {"flops": flops, "weight_bytes": n * k * (4 if fmt == "fp32" else 2), "cold": True,
+                                  "read_stream": True})], ""
     if fmt == "int8" and device == "cpu":
         lin = torch.nn.Linear(k, n, bias=False)
         with torch.no_grad():
@@ -221,7 +227,8 @@ def quant_peers(torch, p, device, dtype_of):
         def call():
             with torch.no_grad():
                 qlin(x)
-        return [("torch-dynamic-int8", call, {"flops": flops, "weight_bytes": n * k + 4 * n, "cold": True})], ""
+        return [("torch-dynamic-int8", call, {"flops": flops, "weight_bytes": n * k + 4 * n, "cold": True,
+                                              "read_stream": True})], ""
     return [], f"no PyTorch {device} kernel for format {fmt}"
 
 
@@ -308,7 +315,8 @@ def kvcache_peers(torch, p, device, dtype_of):
     g = torch.Generator(device="cpu").manual_seed(1)
     q = torch.randn(b, h_kv, h // h_kv, d, generator=g).to(device=device, dtype=dt)
     k, v = (torch.randn(b, h_kv, n, d, generator=g).to(device=device, dtype=dt) for _ in range(2))
-    counters = {"flops": 4.0 * b * h * n * d, "weight_bytes": 2 * b * h_kv * n * d * k.element_size(), "cold": True}
+    counters = {"flops": 4.0 * b * h * n * d, "weight_bytes": 2 * b * h_kv * n * d * k.element_size(), "cold": True,
+                "read_stream": True}
     out = []
     for name, be in sdpa_backends(device):
         def call(be=be):
@@ -329,7 +337,7 @@ def records(torch, suite, technique, x_param, case_id, params, impl, fn, counter
             "technique": technique, "impl": impl, "role": "peer", "backend": backend, "case_id": case_id,
             "case": params, "x": params.get(x_param), "time_unit": "ns", "threads": 1}
     try:
-        iters, reps = time_call(torch, fn, reps_n, min_time_s, sync, cold=counters.get("cold", False),
+        iters, reps, flush_rate = time_call(torch, fn, reps_n, min_time_s, sync, cold=counters.get("cold", False),
                                 gpu=backend == "cuda")
     except Exception as e:  # a backend that does not take the case (dtype, GQA, head dim) is a result
         return [{**base, "status": "skipped", "status_detail": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
@@ -346,6 +354,10 @@ def records(torch, suite, technique, x_param, case_id, params, impl, fn, counter
             e["gbytes_per_s"] = counters["weight_bytes"] / (real * 1e-9) / 1e9
         if counters.get("cold"):
             e["cold_cache"] = 1
+        if flush_rate:  # as memtrade's runner records them (report-only counters)
+            e["flush_read_gbytes_per_s"] = flush_rate * 1e-9
+            if counters.get("read_stream") and "weight_bytes" in counters:
+                e["frac_of_flush_read"] = counters["weight_bytes"] / (real * 1e-9) / flush_rate
         out.append(e)
     med = statistics.median(r for r, _ in reps)
     out.append({**out[-1], "name": base["name"] + "_median", "run_type": "aggregate", "aggregate_name": "median",

@@ -725,8 +725,8 @@ class Tensor:
         return Tensor(self.shape, self.rows, dtype or self.dtype)
     def element_size(self):
         return 4 if self.dtype == float32 else 2
-    def add_(self, v):
-        return self
+    def sum(self):
+        return 0.0
 def randn(*shape, generator):
     generator.x += 1
     if len(shape) != 2:
@@ -836,6 +836,10 @@ def check_kvcache_peers(fake: Path) -> str:
         expect(got == wide, f"{impl}: records for {sorted(got)}, expected {sorted(wide)}", cp)
     expect(all(e.get("cold_cache") == 1 and e["gbytes_per_s"] > 0 for e in recs), "kvcache peer records not cold, "
            "or without bytes per second", cp)
+    # A read stream: its rate against the timed flushes' read rate, as memtrade records it.
+    expect(all(e["flush_read_gbytes_per_s"] > 0 and
+               abs(e["frac_of_flush_read"] - e["gbytes_per_s"] / e["flush_read_gbytes_per_s"]) <= 1e-9 * e["frac_of_flush_read"]
+               for e in recs), "kvcache peer records without the flush read rate or the fraction of it", cp)
     expect(cp.stdout.count("no peer (PyTorch has no") == len(cases) - len(wide),
            "peers.py did not say why the quantized KV types have no peer", cp)
     return f"kvcache peer: {len(wide)} of {len(cases)} cases, flash and math"
