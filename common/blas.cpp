@@ -22,18 +22,27 @@ int threads() { return openblas_get_num_threads(); }
 
 const char* core() { return openblas_get_corename(); }
 
+namespace {
+#if defined(__x86_64__) || defined(__i386__)
+// This CPU's widest SIMD as OpenBLAS's kernel sets need it: 3 AVX-512 (F, BW, VL, DQ), 2 AVX2 + FMA, 1 older.
+int simd_level() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return 3;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+}
+#endif
+// The widest of OpenBLAS's kernel sets for a level (nullptr below AVX2).
+const char* core_for_level(int level) { return level == 3 ? "SkylakeX" : level == 2 ? "Haswell" : nullptr; }
+}  // namespace
+
 void use_the_cpus_kernels(char** argv) {
 #if defined(__x86_64__) || defined(__i386__)  // the x86 fallbacks below; other architectures keep OpenBLAS's choice
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   const std::string now = core();
   if (now != "Prescott" && now != "Core2") return;  // DYNAMIC_ARCH's fallbacks for CPUs it does not know
-  __builtin_cpu_init();
-  const char* best = nullptr;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    best = "SkylakeX";
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    best = "Haswell";
+  const char* best = core_for_level(simd_level());
   if (!best) return;
   setenv("OPENBLAS_CORETYPE", best, 1);
   execv("/proc/self/exe", argv);  // returns only on failure: go on with the generic kernels
@@ -52,17 +61,13 @@ std::string narrower_kernels_note(const std::string& core, int cpu_level, const 
   const std::string simd = cpu_level == 3 ? "AVX-512" : "AVX2 + FMA";
   return "OpenBLAS runs its " + core + " kernels on a CPU with " + simd +
          (coretype_env ? " because $OPENBLAS_CORETYPE is " + std::string(coretype_env) + ": unset it to let OpenBLAS choose"
-                       : ": set $OPENBLAS_CORETYPE to an " + simd + " kernel set (" + (cpu_level == 3 ? "SkylakeX" : "Haswell") + ")") +
+                       : ": set $OPENBLAS_CORETYPE to an " + simd + " kernel set (" + core_for_level(cpu_level) + ")") +
          "; until then its GEMMs, the sgemm ceiling included, are figures of the narrower kernels";
 }
 
 std::string narrower_kernels_note() {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  const int cpu = avx512 ? 3 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
-  return narrower_kernels_note(core(), cpu, std::getenv("OPENBLAS_CORETYPE"));
+  return narrower_kernels_note(core(), simd_level(), std::getenv("OPENBLAS_CORETYPE"));
 #else
   return {};
 #endif
