@@ -166,6 +166,10 @@ using DFW = hn::Repartition<float, D8W>;
 using VFW = hn::Vec<DFW>;
 HWY_INLINE hn::Vec<D16W> mul_pairs(hn::Vec<D8W> u, hn::Vec<DI8W> s) { return hn::Vec<D16W>{_mm512_maddubs_epi16(u.raw, s.raw)}; }
 HWY_INLINE hn::Vec<D32W> widen(hn::Vec<D16W> v) { return hn::Vec<D32W>{_mm512_madd_epi16(v.raw, _mm512_set1_epi16(1))}; }
+// psignb's use here: s negated where t < 0 (s itself where t == 0, which the callers multiply by |t| = 0).
+HWY_INLINE hn::Vec<DI8W> sign_of(hn::Vec<DI8W> s, hn::Vec<DI8W> t) {
+  return hn::IfThenElse(hn::Lt(t, hn::Zero(DI8W())), hn::Neg(s), s);
+}
 HWY_INLINE hn::Vec<DI8W> nf4_signed(hn::Vec<DI8W> x, hn::Vec<D8W> nibbles) {
   const DI8W di8;
   return hn::IfThenElse(hn::Lt(hn::BitCast(di8, nibbles), hn::Set(di8, 7)), hn::Neg(x), x);
@@ -219,16 +223,18 @@ HWY_INLINE VFW quad(const uint8_t* codes, const int8_t* xq, const float* xs4, hn
 }
 #endif
 
-#if HWY_TARGET <= HWY_AVX3
-// Two blocks of int8 codes (64 bytes, natural order) per 512-bit step: the int32 sums of |q| x (x with q's
-// sign), 128-bit lanes 0-1 block b, lanes 2-3 block b + 1. There is no 512-bit psignb: x is negated under
-// a mask where q < 0 (where q = 0, |q| = 0 makes the sign irrelevant; activation codes are within +-127).
-// Zen 5, in cache: 1.15-1.21x the 256-bit loop's speed; cold, where memory bounds the call, level.
-HWY_INLINE hn::Vec<D32W> int8_blocks2(const int8_t* w, const int8_t* xq) {
-  const DI8W di8;
-  const auto q = hn::LoadU(di8, w), x = hn::LoadU(di8, xq);
-  return widen(mul_pairs(hn::BitCast(D8W(), hn::Abs(q)), hn::IfThenElse(hn::Lt(q, hn::Zero(di8)), hn::Neg(x), x)));
+// int8 codes (natural order) against activation codes, one vector of each: the int32 sums of |q| x (x with
+// q's sign), per 128-bit lane (any width the helpers take; activation codes are within +-127).
+template <class DI>
+HWY_INLINE auto int8_sums(DI di, const int8_t* w, const int8_t* xq) {
+  const auto q = hn::LoadU(di, w);
+  return widen(mul_pairs(hn::BitCast(hn::RebindToUnsigned<DI>(), hn::Abs(q)), sign_of(hn::LoadU(di, xq), q)));
 }
+
+#if HWY_TARGET <= HWY_AVX3
+// int8 on AVX-512: two blocks (64 bytes) per 512-bit step, 128-bit lanes 0-1 block b and 2-3 block b + 1
+// (int8_sums at 512 bits). Zen 5, in cache: 1.15-1.21x the 256-bit loop's speed; cold, where memory bounds
+// the call, level.
 // Blocks b and b + 1's scales, each in the 8 lanes that hold its sums (xs4 holds each scale four times).
 HWY_INLINE VFW block_scales2(const float* xs4) {
   const DFW dfw;
@@ -253,16 +259,10 @@ HWY_INLINE void scales8(const RowParams& P, int64_t r, int64_t g, float* out) {
   for (int64_t j = 0; j < 8; ++j) out[j] = P.template scale<F>(r, g + j);
 }
 
-// One block of int8 codes (natural order): the int32 sums of |q| x (x with q's sign).
+// One block of int8 codes: its int32 sums (kWide: one 256-bit vector; else two of 128).
 HWY_INLINE V32 int8_block(const int8_t* w, const int8_t* xq) {
-  const DI8 di8;
-  const D8 d8;
-  auto half = [&](int64_t o) {
-    const auto q = hn::LoadU(di8, w + o);
-    return widen(mul_pairs(hn::BitCast(d8, hn::Abs(q)), sign_of(hn::LoadU(di8, xq + o), q)));
-  };
-  if constexpr (kWide) return half(0);
-  else return hn::Add(half(0), half(16));
+  if constexpr (kWide) return int8_sums(DI8(), w, xq);
+  else return hn::Add(int8_sums(DI8(), w, xq), int8_sums(DI8(), w + 16, xq + 16));
 }
 #endif
 
@@ -298,8 +298,8 @@ void Rows(const QLayout& L, const uint8_t* blob, const Acts& a, float* y) {
       for (; b + 4 <= K / kB; b += 4) {
         hwy::Prefetch(row + b * kB + simd::kPrefetchBytes);
         hwy::Prefetch(row + b * kB + 64 + simd::kPrefetchBytes);
-        w0 = hn::MulAdd(hn::ConvertTo(dfw, int8_blocks2(w + b * kB, a.xq + b * kB)), block_scales2(a.xs4 + 4 * b), w0);
-        w1 = hn::MulAdd(hn::ConvertTo(dfw, int8_blocks2(w + (b + 2) * kB, a.xq + (b + 2) * kB)),
+        w0 = hn::MulAdd(hn::ConvertTo(dfw, int8_sums(DI8W(), w + b * kB, a.xq + b * kB)), block_scales2(a.xs4 + 4 * b), w0);
+        w1 = hn::MulAdd(hn::ConvertTo(dfw, int8_sums(DI8W(), w + (b + 2) * kB, a.xq + (b + 2) * kB)),
                         block_scales2(a.xs4 + 4 * (b + 2)), w1);
       }
       const VFW wsum = hn::Add(w0, w1);
