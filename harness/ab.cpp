@@ -103,6 +103,10 @@ AbResult run_ab(const AbOptions& o) {
   // `env NAME=VALUE ... BIN run ARGS`: this side's settings, and no shell in between.
   auto command = [&](bool candidate, std::vector<std::string> run_args) {
     std::vector<std::string> args = {"env"};
+    // Notes a run prints on stderr whatever --quiet says (OpenBLAS's narrower kernels) are the same in
+    // every round of one side: its first round prints them, later rounds keep quiet. They stay in every
+    // results file's context.
+    if (res.rounds > 1) args.push_back("MEMTRADE_QUIET_NOTES=1");
     for (const auto& kv : candidate ? o.candidate_env : o.baseline_env) args.push_back(kv);
     args.push_back((candidate ? o.candidate_bin : o.baseline_bin).string());
     args.push_back("run");

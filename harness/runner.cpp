@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <regex>
+#include <string_view>
 #include <thread>
 
 #include "common/blas.hpp"
@@ -512,7 +514,9 @@ RunSummary run_suites(const Registry& reg, const RunOptions& opts) {
   // Asked for CUDA alone and none is usable: an error, not a run of skipped cases that exits 0 (a
   // nightly GPU job with a broken driver must fail). --backend auto records the CUDA cases as skipped.
   if (opts.backend == "cuda" && !cuda) throw Error("--backend cuda: no usable CUDA device (" + cuda_reason + ")");
-  if (cpu)
+  // $MEMTRADE_QUIET_NOTES: `ab` sets it after a side's first round, so its log carries the note once.
+  const char* quiet_notes = std::getenv("MEMTRADE_QUIET_NOTES");
+  if (cpu && !(quiet_notes && *quiet_notes && std::string_view(quiet_notes) != "0"))
     if (const std::string n = blas::narrower_kernels_note(); !n.empty()) std::fprintf(stderr, "memtrade: note: %s\n", n.c_str());
   if (opts.verbose && opts.probe) std::printf("memtrade: measuring machine ceilings...\n");
   if (cpu && opts.probe) info.ceilings = probe_cpu();
