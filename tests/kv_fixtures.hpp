@@ -23,8 +23,8 @@ inline constexpr KvType kTypes[] = {KvType::f32,  KvType::bf16,        KvType::f
                                     KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
                                     KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2};
 
-// The types the caches' own write_token and read_token take, and the CPU kernels: every record type and
-// the KIVI types (written by group; no CUDA kernel, no record-by-record encode_head).
+// Every storage type: the record types and the KIVI types (written by group, no record-by-record
+// encode_head; their decode splits are multiples of 32 tokens).
 inline constexpr KvType kCacheTypes[] = {KvType::f32,      KvType::bf16,        KvType::f16,  KvType::int8,
                                          KvType::fp8_e4m3, KvType::fp8_e4m3_static, KvType::int4,
                                          KvType::int4_smooth, KvType::q8_0, KvType::q4_0, KvType::fp8_e5m2,
@@ -56,8 +56,8 @@ inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
   return v;
 }
 
-// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos); host caches go through
-// KvCache::write_token (the KIVI types' groups), device ones get each record encoded here and copied.
+// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos), through
+// KvCache::write_token (on any device: records encoded on the host and copied; the KIVI types by group).
 inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
   const KvShape& s = c.shape();
   const int64_t hd = s.head_dim;
@@ -67,14 +67,7 @@ inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
       const auto x = normals(hd, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
       std::copy(x.begin(), x.end(), kv.begin() + h * hd);
     }
-    if (c.device().backend() == Backend::cpu) {
-      c.write_token(r, l, pos, kv.data(), kv.data() + s.kv_heads * hd);
-      continue;
-    }
-    std::vector<uint8_t> e(static_cast<std::size_t>(s.entry_bytes()));
-    for (int64_t h = 0; h < 2 * s.kv_heads; ++h)
-      encode_head(s.type, kv.data() + h * hd, hd, e.data() + h * s.head_bytes(), s.record_scales(l, h < s.kv_heads ? 0 : 1, h % s.kv_heads));
-    c.device().copy(c.entry(r, l, pos), e.data(), e.size(), CopyKind::host_to_device);
+    c.write_token(r, l, pos, kv.data(), kv.data() + s.kv_heads * hd);
   }
 }
 
@@ -114,8 +107,8 @@ inline OffloadPair offload_pair(Device& dev, const KvShape& s, const std::vector
 }
 
 // B requests of random lengths in [1, max_len] (the last max_len; with three or more, the first one token)
-// in both layouts, the same tokens in each (written when `write`: a cache on a CUDA device is filled by
-// copy_tokens instead). The paged cache has block 16 and 4096 blocks; a holder request takes 0-2 blocks
+// in both layouts, the same tokens in each (written when `write`, on any device; without it the tables
+// only). The paged cache has block 16 and 4096 blocks; a holder request takes 0-2 blocks
 // between appends, so the tables are scattered. The same seed gives the same tables on any device.
 struct TwoLayouts {
   std::unique_ptr<kvcache::ContiguousCache> c;
@@ -147,19 +140,6 @@ inline TwoLayouts two_layouts(Device& dev, const KvShape& s, int64_t B, int64_t 
     }
   }
   return t;
-}
-
-// Copies request `from_req`'s tokens (every layer) from a host cache into request `to_req` of a cache of the
-// same shape on another device.
-inline void copy_tokens(const KvCache& from, int64_t from_req, KvCache& to, int64_t to_req) {
-  const KvShape& s = from.shape();
-  for (int64_t l = 0; l < s.layers; ++l)
-    from.runs(from_req, l, [&](const uint8_t* src, int64_t pos, int64_t count) {
-      to.runs_in(to_req, l, pos, pos + count, [&](const uint8_t* dst, int64_t p, int64_t n) {
-        to.device().copy(const_cast<uint8_t*>(dst), src + (p - pos) * s.entry_bytes(), static_cast<std::size_t>(n * s.entry_bytes()),
-                         CopyKind::host_to_device);
-      });
-    });
 }
 
 }  // namespace memtrade::test::kv

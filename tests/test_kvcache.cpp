@@ -328,7 +328,13 @@ TEST(KvKivi, KeysPerChannelAndValuesPerTokenWithinHalfAStepAndTheResidualInFp16)
     ASSERT_TRUE(p.append(pr));
     p.write_token(pr, 0, 0, in.k[0].data(), in.v[0].data());
     p.write_token(pr, 1, 0, in.k[0].data(), in.v[0].data());
-    EXPECT_THROW(plan_decode(p, std::vector<int64_t>{pr}, 0, 4), Error);  // no CUDA kernel
+    // The CUDA plan: splits of whole groups, each request's residual at the layer and its tokens in records.
+    expect_error_naming([&] { plan_decode(p, std::vector<int64_t>{pr}, 0, 4, 48); }, "multiple of its groups' 32 tokens");
+    const DecodePlan plan = plan_decode(p, std::vector<int64_t>{pr}, 1, 4);
+    ASSERT_EQ(plan.residual.size(), 1u);
+    EXPECT_EQ(plan.residual[0], reinterpret_cast<uint64_t>(p.residual(pr, 1)));
+    EXPECT_EQ(plan.quantized, std::vector<int32_t>{0});
+    EXPECT_EQ(plan.residual_entry_bytes, 2 * s.kv_heads * s.head_dim * 2);
     // The residual is the request's and is counted: R tokens of fp16 K and V at every layer.
     EXPECT_EQ(s.residual_bytes(), s.layers * R * 2 * s.kv_heads * s.head_dim * 2);
     EXPECT_EQ(c.reserved_bytes(), len * s.token_bytes() + s.residual_bytes());

@@ -1,7 +1,8 @@
 // The CUDA decode kernels (impls/kvcache/decode_kernels.cuh) run on the CPU under the tests' CUDA
-// emulation: every storage type, partial lanes and whole-slice loads of 2, 4 and 8 elements, MHA and a
-// group of 12 (two thread blocks per KV head), one-token requests and requests of several splits, against
-// the float64 reference; paged (scattered block tables) and contiguous give the same bits. On a GPU,
+// emulation: every storage type (the KIVI types over several groups, their residual of 32 and of 64 tokens),
+// partial lanes and whole-slice loads of 2, 4 and 8 elements, MHA and a group of 12 (two thread blocks per
+// KV head), one-token requests and requests of several splits, against the float64 reference; paged
+// (scattered block tables) and contiguous give the same bits. On a GPU,
 // test_cuda's KvCacheCuda test runs the same cases on the device.
 #include "cuda_emulation.hpp"  // first: it defines the CUDA keywords for the kernels' header
 
@@ -52,12 +53,15 @@ TEST(KvCacheCudaEmulated, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEq
   // (head_dim, query heads per KV head): partial lanes (40; 32, where q8_0 / q4_0's 16 lanes of one block
   // leave 16 idle), whole-slice loads of 2, 4 and 8 elements.
   for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{40, 12}, {32, 3}, {64, 1}, {128, 4}, {256, 1}})
-    for (KvType t : kTypes) {
+    for (KvType t : kCacheTypes) {
       if (!takes(t, hd)) continue;
       ++cases;
       KvShape s{1, 2, hd, t};
       random_static_scales(s, 4);
-      const int64_t heads = 2 * group, B = 3, max_len = 40, split = 16;  // 40 tokens: three splits of 16
+      if (is_kivi(t) && hd == 64) s.residual = 64;
+      // 40 tokens: three splits of 16; the KIVI types (splits of whole groups) 100: four of 32, the last tokens
+      // in the residual (4 of them, or 36 with a residual of 64).
+      const int64_t heads = 2 * group, B = 3, max_len = is_kivi(t) ? 100 : 40, split = is_kivi(t) ? 32 : 16;
       const TwoLayouts x = two_layouts(*dev, s, B, max_len, 11 + static_cast<uint64_t>(hd));
       const auto q = normals(B * heads * hd, 78);
       const DecodePlan pc = plan_decode(*x.c, x.rc, 0, heads, split), pp = plan_decode(*x.p, x.rp, 0, heads, split);

@@ -221,8 +221,9 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
   MT_CHECK(split_tokens > 0, "decode attention: split_tokens must be positive (got " + std::to_string(split_tokens) + ")");
   c.require_staged(reqs, layer);
   const KvShape& s = c.shape();
-  MT_CHECK(!s.kivi(), std::string("decode attention: ") + kv_type_name(s.type) +
-                          " has no CUDA kernel (its keys need their group's steps and its last tokens the residual; CPU only)");
+  MT_CHECK(!s.kivi() || split_tokens % kKiviGroup == 0,
+           std::string("decode attention: ") + kv_type_name(s.type) + " splits must be a multiple of its groups' " +
+               std::to_string(kKiviGroup) + " tokens (got " + std::to_string(split_tokens) + ")");
   DecodePlan p;
   p.type = s.type;
   p.heads = heads;
@@ -231,6 +232,7 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
   p.head_dim = s.head_dim;
   p.head_bytes = s.head_bytes();
   p.entry_bytes = s.entry_bytes();
+  p.residual_entry_bytes = s.kivi() ? s.residual_entry_bytes() : 0;
   p.split_tokens = split_tokens;
   p.first_block.push_back(0);
   p.first_slot.push_back(0);
@@ -249,6 +251,10 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
     p.first_block.push_back(static_cast<int64_t>(p.blocks.size()));
     p.block_tokens.push_back(static_cast<int32_t>(bt));
     p.length.push_back(static_cast<int32_t>(n));
+    if (s.kivi()) {
+      p.residual.push_back(reinterpret_cast<uint64_t>(c.residual(reqs[b], layer)));
+      p.quantized.push_back(static_cast<int32_t>(c.quantized_length(reqs[b])));
+    }
     const int64_t splits = (n + split_tokens - 1) / split_tokens;
     for (int64_t k = 0; k < splits; ++k) {
       p.split_req.push_back(static_cast<int32_t>(b));
@@ -274,10 +280,13 @@ DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t 
     if (const float* f = s.smoothing(layer, g)) p.smooth.insert(p.smooth.end(), f, f + s.head_dim);
   }
   // A lane's slice of a record (lane_elems elements) is loaded whole when head_dim fills the warp and
-  // every record starts at a multiple of the slice's bytes (up to 16: wider slices take two loads).
+  // every record starts at a multiple of the slice's bytes (up to 16: wider slices take two loads); the KIVI
+  // types' residual records (fp16) likewise.
   const int64_t e = lane_elems(s.head_dim), slice = e * s.elem_bits() / 8, align = std::min<int64_t>(slice, 16);
+  const int64_t res_align = std::min<int64_t>(2 * e, 16);
   p.vector_loads = s.head_dim == 32 * e && slice >= 1 && p.head_bytes % align == 0 &&
-                   std::all_of(p.blocks.begin(), p.blocks.end(), [&](uint64_t a) { return a % align == 0; });
+                   std::all_of(p.blocks.begin(), p.blocks.end(), [&](uint64_t a) { return a % align == 0; }) &&
+                   std::all_of(p.residual.begin(), p.residual.end(), [&](uint64_t a) { return a % res_align == 0; });
   return p;
 }
 

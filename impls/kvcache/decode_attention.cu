@@ -46,7 +46,7 @@ CudaDecode::CudaDecode(Device& dev, DecodePlan plan) : plan_(std::move(plan)) {
   std::size_t bytes = 0;
   for (std::size_t b : {padded(p.blocks), padded(p.first_block), padded(p.block_tokens), padded(p.split_req),
                         padded(p.split_from), padded(p.split_to), padded(p.split_slot), padded(p.first_slot),
-                        padded(p.qk_scale), padded(p.v_scale), padded(p.smooth)})
+                        padded(p.qk_scale), padded(p.v_scale), padded(p.smooth), padded(p.residual), padded(p.quantized)})
     bytes += b;
   m.arrays = Buffer(dev.memory(), bytes, Tag::workspace);
   if (p.first_slot.back() > 0)

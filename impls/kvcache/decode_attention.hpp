@@ -32,6 +32,10 @@
 // scales its part of the dot product and of the values by that block's scale); scores by warp shuffles, the online softmax per query
 // head, the 4 warps merged in shared memory, and a request of several splits merged by a second kernel
 // in split order. Tokens go to warps by position only, so paged and contiguous caches give the same bits.
+// int4-kivi and int2-kivi: as a warp enters a group of 32 tokens, each lane reads its channels' key steps
+// from the group's records and holds the queries times them, and each query head's bias by a warp sum;
+// a token's score is then its codes' dot product plus the bias, its values decoded with its record's pair
+// for the lane's block of 32 channels; the request's last tokens are read from its fp16 residual.
 #pragma once
 
 #include <cstdint>
@@ -91,12 +95,18 @@ struct DecodePlan {
   // Per KV head: 1 / sqrt(head_dim) x the static K scale, and the static V scale; int4-smooth's key
   // smoothing factors [kv_heads][head_dim] (empty for the other types).
   std::vector<float> qk_scale, v_scale, smooth;
+  // The KIVI types (empty for the others): per request, the address of its residual at the layer (fp16
+  // [residual][K, V][kv_heads][head_dim], KvCache::residual) and the tokens held in records
+  // (KvCache::quantized_length); position t >= quantized[b] is read from residual slot t - quantized[b].
+  std::vector<uint64_t> residual;
+  std::vector<int32_t> quantized;
+  int64_t residual_entry_bytes = 0;
   // Whether each lane loads its slice of a record whole (up to two 128-bit loads): head_dim is 32 x the
   // lane's elements and every record is aligned to the slice's bytes (at most 16).
   bool vector_loads = false;
 };
-// split_tokens: positive; Error for a request with no token, heads that kv_heads does not divide, or an
-// int4-kivi or int2-kivi cache (no CUDA kernel).
+// split_tokens: positive (the KIVI types: a multiple of their group's 32 tokens); Error for a request with no
+// token or heads that kv_heads does not divide.
 DecodePlan plan_decode(const KvCache& c, std::span<const int64_t> reqs, int64_t layer, int64_t heads,
                        int64_t split_tokens = kCudaSplitTokens);
 

@@ -26,18 +26,21 @@ struct Args {
   const int64_t* first_block;
   const int32_t *block_tokens, *split_req, *split_from, *split_to, *split_slot, *first_slot;
   const float *qk_scale, *v_scale, *smooth;  // smooth: nullptr unless int4-smooth
+  const uint64_t* residual;                   // the KIVI types: per request, its residual at the layer
+  const int32_t* quantized;                   // the KIVI types: per request, its tokens held in records
   const float* q;
   float *out, *ws;
-  int64_t entry_bytes, head_bytes;
+  int64_t entry_bytes, head_bytes, residual_entry_bytes;
   int kv_heads, group, heads, hd, chunks;  // chunks: thread blocks per KV head (ceil(group / GM))
   int split_base;                          // the launch's first split (grid y counts from it)
 };
 
 constexpr int bits_of(KvType t) {
-  return t == KvType::f32                                                          ? 32
-         : (t == KvType::bf16 || t == KvType::f16)                                 ? 16
-         : (t == KvType::int4 || t == KvType::int4_smooth || t == KvType::q4_0) ? 4
-                                                                                   : 8;
+  return t == KvType::f32                                                                                  ? 32
+         : (t == KvType::bf16 || t == KvType::f16)                                                         ? 16
+         : (t == KvType::int4 || t == KvType::int4_smooth || t == KvType::q4_0 || t == KvType::int4_kivi) ? 4
+         : t == KvType::int2_kivi                                                                          ? 2
+                                                                                                           : 8;
 }
 
 // The codes of a lane's slice of a record: elements lane * E .. lane * E + E - 1. kVec: head_dim = 32 E and
@@ -86,38 +89,127 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;  // the same bits in every lane: each step adds the same two values in either order
 }
 
-// One split of one request, for up to GM query heads of one KV head: grid (kv_heads x chunks, splits from
-// a.split_base).
-// U tokens per warp step have their K and V loads issued together.
-template <KvType K, int E, bool kVec, int GM>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
-  constexpr int U = bits_of(K) >= 16 ? 2 : 4;
-  __shared__ float sm_m[kWarps][GM], sm_l[kWarps][GM];
-  __shared__ float sm_o[kWarps][GM][256];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sp = a.split_base + blockIdx.y, g = blockIdx.x / a.chunks, hc = (blockIdx.x % a.chunks) * GM;
-  const int b = a.split_req[sp], from = a.split_from[sp], to = a.split_to[sp], slot = a.split_slot[sp];
-  const int h0 = g * a.group + hc, gcount = min(GM, a.group - hc), hd = a.hd;
+// Element i of query head h (of KV head g) of request b, times 1 / sqrt(head_dim), the static K scale and
+// (int4-smooth) the smoothing factor.
+__device__ __forceinline__ float query(const Args& a, int b, int h, int g, int i) {
+  float v = a.q[(static_cast<int64_t>(b) * a.heads + h) * a.hd + i] * a.qk_scale[g];
+  if (a.smooth) v *= a.smooth[g * a.hd + i];
+  return v;
+}
 
-  // The queries, times 1 / sqrt(head_dim), the static K scale and (int4-smooth) the smoothing factors;
-  // zero for heads past the group and elements past head_dim.
-  float q[GM][E], acc[GM][E], m[GM], l[GM];
+// One token into a query head's online softmax: its score s, and its values vv (the lane's slice) times vs.
+template <int E>
+__device__ __forceinline__ void softmax_add(float s, float vs, const float (&vv)[E], float& m, float& l, float (&acc)[E]) {
+  if (s > m) {  // a new max: rescale what was accumulated (uniform across the warp)
+    const float c = attention::exp_approx(m - s);
+    l *= c;
 #pragma unroll
-  for (int j = 0; j < GM; ++j) {
-    m[j] = -INFINITY;
-    l[j] = 0.f;
+    for (int e = 0; e < E; ++e) acc[e] *= c;
+    m = s;
+  }
+  const float p = attention::exp_approx(s - m);
+  l += p;
+  const float pv = p * vs;
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = fmaf(pv, vv[e], acc[e]);
+}
+
+// The KIVI types' tokens [from, to) of request b for KV head g (decode_split_kernel's loop for them). A key is
+// m_i + s_i (c_i + z) with (s_i, m_i) its channel's step over the token's group of 32: per group the lane
+// holds the queries times s_i and each query head's bias sum_i q_i (m_i + s_i z), so a token's score is the
+// dot product with its codes plus the bias. A value is m + s (c + z) with the (s, m) of the lane's block of 32
+// channels in the token's own record. Tokens from quantized[b] on are read from the residual's fp16 values
+// (the queries themselves, no bias). Warps take U tokens at a time; U divides 32, and from and quantized[b]
+// are multiples of 32 (plan_decode), so U tokens lie in one group or all in the residual.
+template <KvType K, int E, bool kVec, int GM>
+__device__ __forceinline__ void kivi_tokens(const Args& a, int b, int g, int h0, int gcount, int from, int to,
+                                            int lane, int warp, float (&m)[GM], float (&l)[GM], float (&acc)[GM][E]) {
+  constexpr int U = 4, G = static_cast<int>(kKiviGroup);
+  const int hd = a.hd, c = hd / G, nq = a.quantized[b];
+  const float z = kivi_zero(K);
+  const uint64_t* blocks = a.blocks + a.first_block[b];
+  const int bt = a.block_tokens[b];
+  const int64_t koff = g * a.head_bytes, voff = (a.kv_heads + g) * a.head_bytes;
+  const uint8_t* res = reinterpret_cast<const uint8_t*>(a.residual[b]);
+  const int64_t rk = static_cast<int64_t>(g) * hd * 2, rv = static_cast<int64_t>(a.kv_heads + g) * hd * 2;
+  const bool active = lane * E < hd;  // the lane's slice lies in one block of 32 value channels
+  float qs[GM][E] = {}, bias[GM] = {};  // set as the first token is reached (held != want)
+  int held = -1;  // the group whose steps qs and bias hold; -2: the residual's (the plain queries)
+  for (int t0 = from + warp * U; t0 < to; t0 += kWarps * U) {
+    const bool quantized = t0 < nq;
+    const int want = quantized ? t0 / G : -2;
+    if (want != held) {
+      held = want;
+#pragma unroll
+      for (int j = 0; j < GM; ++j) {
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const int i = lane * E + e;
+          const float x = j < gcount && i < hd ? query(a, b, h0 + j, g, i) : 0.f;
+          if (quantized && i < hd) {  // channel i's step: pair i % c of the group's record i / c
+            const KiviPair kp = kivi_pair(K, plan_entry(blocks, 0, bt, a.entry_bytes, want * G + i / c) + koff, hd, i % c);
+            qs[j][e] = x * kp.s;
+            d = fmaf(x, fmaf(kp.s, z, kp.m), d);
+          } else {
+            qs[j][e] = x;
+          }
+        }
+        bias[j] = quantized ? warp_sum(d) : 0.f;
+      }
+    }
+    uint32_t kc[U][E], vc[U][E];
+    KiviPair vp[U] = {};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t0 + u >= to) break;
+      if (quantized) {
+        const uint8_t* e = plan_entry(blocks, 0, bt, a.entry_bytes, t0 + u);
+        load_codes<K, E, kVec>(e + koff, lane, hd, kc[u]);
+        load_codes<K, E, kVec>(e + voff, lane, hd, vc[u]);
+        if (active) vp[u] = kivi_pair(K, e + voff, hd, lane * E / G);
+      } else {
+        const uint8_t* r = res + (t0 + u - nq) * a.residual_entry_bytes;
+        load_codes<KvType::f16, E, kVec>(r + rk, lane, hd, kc[u]);
+        load_codes<KvType::f16, E, kVec>(r + rv, lane, hd, vc[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t0 + u >= to) break;
+      float kv[E], vv[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        kv[i] = quantized ? code_value(K, kc[u][i]) : code_value(KvType::f16, kc[u][i]);
+        vv[i] = quantized ? fmaf(vp[u].s, code_value(K, vc[u][i]) + z, vp[u].m) : code_value(KvType::f16, vc[u][i]);
+      }
+#pragma unroll
+      for (int j = 0; j < GM; ++j) {
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) d = fmaf(qs[j][e], kv[e], d);
+        softmax_add(warp_sum(d) + bias[j], 1.f, vv, m[j], l[j], acc[j]);
+      }
+    }
+  }
+}
+
+// Every other type's tokens [from, to) of request b for KV head g (decode_split_kernel's loop for them): U
+// tokens per warp step have their K and V loads issued together.
+template <KvType K, int E, bool kVec, int GM>
+__device__ __forceinline__ void record_tokens(const Args& a, int b, int g, int h0, int gcount, int from, int to,
+                                              int lane, int warp, float (&m)[GM], float (&l)[GM], float (&acc)[GM][E]) {
+  constexpr int U = bits_of(K) >= 16 ? 2 : 4;
+  const int hd = a.hd;
+  // The queries (query()); zero for heads past the group and elements past head_dim.
+  float q[GM][E];
+#pragma unroll
+  for (int j = 0; j < GM; ++j)
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int i = lane * E + e;
-      float v = 0.f;
-      if (j < gcount && i < hd) {
-        v = a.q[(static_cast<int64_t>(b) * a.heads + h0 + j) * hd + i] * a.qk_scale[g];
-        if (a.smooth) v *= a.smooth[g * hd + i];
-      }
-      q[j][e] = v;
-      acc[j][e] = 0.f;
+      q[j][e] = j < gcount && i < hd ? query(a, b, h0 + j, g, i) : 0.f;
     }
-  }
   const uint64_t* blocks = a.blocks + a.first_block[b];
   const int bt = a.block_tokens[b];
   const int64_t koff = g * a.head_bytes, voff = (a.kv_heads + g) * a.head_bytes;
@@ -154,22 +246,35 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
         float d = 0.f;
 #pragma unroll
         for (int e = 0; e < E; ++e) d = fmaf(q[j][e], kv[e], d);
-        const float s = record_blocked(K) ? warp_sum(d * ks[u]) : warp_sum(d) * ks[u];
-        if (s > m[j]) {  // a new max: rescale what was accumulated (uniform across the warp)
-          const float c = attention::exp_approx(m[j] - s);
-          l[j] *= c;
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[j][e] *= c;
-          m[j] = s;
-        }
-        const float p = attention::exp_approx(s - m[j]);
-        l[j] += p;
-        const float pv = p * vs[u];
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[j][e] = fmaf(pv, vv[e], acc[j][e]);
+        softmax_add(record_blocked(K) ? warp_sum(d * ks[u]) : warp_sum(d) * ks[u], vs[u], vv, m[j], l[j], acc[j]);
       }
     }
   }
+}
+
+// One split of one request, for up to GM query heads of one KV head: grid (kv_heads x chunks, splits from
+// a.split_base).
+template <KvType K, int E, bool kVec, int GM>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const Args a) {
+  __shared__ float sm_m[kWarps][GM], sm_l[kWarps][GM];
+  __shared__ float sm_o[kWarps][GM][256];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sp = a.split_base + blockIdx.y, g = blockIdx.x / a.chunks, hc = (blockIdx.x % a.chunks) * GM;
+  const int b = a.split_req[sp], from = a.split_from[sp], to = a.split_to[sp], slot = a.split_slot[sp];
+  const int h0 = g * a.group + hc, gcount = min(GM, a.group - hc), hd = a.hd;
+
+  float acc[GM][E], m[GM], l[GM];
+#pragma unroll
+  for (int j = 0; j < GM; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[j][e] = 0.f;
+  }
+  if constexpr (is_kivi(K))
+    kivi_tokens<K, E, kVec, GM>(a, b, g, h0, gcount, from, to, lane, warp, m, l, acc);
+  else
+    record_tokens<K, E, kVec, GM>(a, b, g, h0, gcount, from, to, lane, warp, m, l, acc);
 
   // The warps' partial softmaxes merged under their largest max.
 #pragma unroll
@@ -250,11 +355,14 @@ Shape make_args(const DecodePlan& p, Put&& put, float* ws, Args& a) {
   a.qk_scale = put(p.qk_scale);
   a.v_scale = put(p.v_scale);
   a.smooth = p.smooth.empty() ? nullptr : put(p.smooth);
+  a.residual = p.residual.empty() ? nullptr : put(p.residual);
+  a.quantized = p.quantized.empty() ? nullptr : put(p.quantized);
   a.ws = ws;
   Shape s;
   s.gm = p.group == 1 ? 1 : p.group <= 4 ? 4 : kMaxGroup;
   a.entry_bytes = p.entry_bytes;
   a.head_bytes = p.head_bytes;
+  a.residual_entry_bytes = p.residual_entry_bytes;
   a.kv_heads = static_cast<int>(p.kv_heads);
   a.group = static_cast<int>(p.group);
   a.heads = static_cast<int>(p.heads);
@@ -296,8 +404,8 @@ inline SplitKernel split_kernel(const DecodePlan& p, const Shape& s) {
     case KvType::q8_0: return split_kernel_type<KvType::q8_0>(e, vec, s.gm);
     case KvType::q4_0: return split_kernel_type<KvType::q4_0>(e, vec, s.gm);
     case KvType::fp8_e5m2: return split_kernel_type<KvType::fp8_e5m2>(e, vec, s.gm);
-    case KvType::int4_kivi:
-    case KvType::int2_kivi: return nullptr;  // plan_decode refuses them
+    case KvType::int4_kivi: return split_kernel_type<KvType::int4_kivi>(e, vec, s.gm);
+    case KvType::int2_kivi: return split_kernel_type<KvType::int2_kivi>(e, vec, s.gm);
   }
   return nullptr;
 }

@@ -44,7 +44,7 @@
 //                        its group's 32 records (read_token). head_dim must be a multiple of 32. A NaN or Inf makes
 //                        the channel's (K) or block's (V) step NaN over the group: those values decode to NaN.
 //                        Records of the incomplete group are zero until it completes; the kernels read the
-//                        residual there. Written only through write_token, in order; CPU kernels only.
+//                        residual there. Written only through write_token, in order.
 //   int2-kivi            KIVI-2, the paper's 2-bit configuration: int4-kivi with codes in [0, 3], s = (max - min)
 //                        / 3, four codes a byte (element 4j + k in bits 2k, 2k + 1 of byte j): head_dim / 4 code
 //                        bytes, then the same pairs and the same residual.
@@ -176,10 +176,11 @@ class KvCache {
   virtual int64_t length(int64_t req) const = 0;
   // Token pos's [K, V] x kv_heads records at `layer`; writable only for the request's last token.
   virtual uint8_t* entry(int64_t req, int64_t layer, int64_t pos) = 0;
-  // Host caches (the CPU device): stores token pos's keys and values at `layer` (k, v: [kv_heads][head_dim])
-  // as the storage type says. KIVI types: pos must be the request's last token, and when it completes the
-  // residual (shape().residual tokens) their groups' records are written from it. read_token gives them back as
-  // the kernels read them (KIVI: the residual's fp16 values for the tokens not yet quantized).
+  // Stores token pos's keys and values at `layer` (k, v: [kv_heads][head_dim], host arrays) as the storage type
+  // says: encoded on the host and copied to the cache's device. KIVI types: pos must be the request's last
+  // token, and when it completes the residual (shape().residual tokens) their groups' records are written from
+  // it. read_token (host caches: the CPU device) gives them back as the kernels read them (KIVI: the residual's
+  // fp16 values for the tokens not yet quantized).
   void write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v);
   void read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const;
   // Tokens of the request held in records: its length, or for the KIVI types those of its complete residuals

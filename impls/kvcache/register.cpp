@@ -46,8 +46,8 @@ struct DecodeProblem final : Problem {
 };
 
 // Fills a cache with the problem's tokens, appending round-robin across requests; each entry is encoded
-// on the host and copied to the cache's device (a memcpy on the CPU) right after its append, before an
-// offloading cache moves its block to the host.
+// on the host and copied to the cache's device (KvCache::write_token; a memcpy on the CPU) right after its
+// append, before an offloading cache moves its block to the host.
 std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
   std::vector<int64_t> reqs;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -55,22 +55,12 @@ std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
     if (r < 0) throw OutOfMemory("device", "kv", static_cast<std::size_t>(p.context * p.shape.token_bytes()), 0, 0);
     reqs.push_back(r);
   }
-  const int64_t hd = p.shape.head_dim, kvh = p.shape.kv_heads, hb = p.shape.head_bytes();
-  std::vector<uint8_t> e(static_cast<std::size_t>(p.shape.entry_bytes()));
+  const int64_t per = p.shape.kv_heads * p.shape.head_dim;
   for (int64_t t = 0; t < p.context; ++t)
     for (int64_t b = 0; b < p.batch; ++b) {
       MT_CHECK(c.append(reqs[b]), "kvcache: the cache refused a token it was sized for");
-      if (p.shape.kivi()) {  // by group, on a CPU cache (the CUDA workload skips the KIVI types)
-        const int64_t off = (b * p.context + t) * kvh * hd;
-        c.write_token(reqs[b], 0, t, &p.k[off], &p.v[off]);
-        continue;
-      }
-      for (int64_t h = 0; h < kvh; ++h) {
-        const int64_t off = ((b * p.context + t) * kvh + h) * hd;
-        encode_head(p.shape.type, &p.k[off], hd, &e[h * hb]);
-        encode_head(p.shape.type, &p.v[off], hd, &e[(kvh + h) * hb]);
-      }
-      c.device().copy(c.entry(reqs[b], 0, t), e.data(), e.size(), CopyKind::host_to_device);
+      const int64_t off = (b * p.context + t) * per;
+      c.write_token(reqs[b], 0, t, &p.k[off], &p.v[off]);
     }
   return reqs;
 }
@@ -122,7 +112,6 @@ class DecodeWorkload final : public Workload {
  public:
   DecodeWorkload(const DecodeProblem& p, bool paged, Device& dev, bool offload = false) : p_(p), dev_(dev) {
     const bool cuda = dev.backend() == Backend::cuda;
-    if (cuda && p.shape.kivi()) throw Skip(std::string(kv_type_name(p.shape.type)) + " has no CUDA decode kernel (CPU only)");
     if (offload) {
       auto c = offload_cache(dev, p.shape, p.block, p.hot_tokens, p.batch, p.context);
       offload_ = c.get();
@@ -633,7 +622,7 @@ void register_technique(Registry& r) {
         int_param("head_dim", "head dimension", nullptr, 1, 256),
         text_param("kv_dtype",
                    "storage of K and V (fp8-e4m3-static: unit scales; q8_0, q4_0: llama.cpp's; int4-kivi, int2-kivi: "
-                   "KIVI's per-channel keys and per-token values in 4 or 2 bits with an fp16 residual, CPU only)",
+                   "KIVI's per-channel keys and per-token values in 4 or 2 bits with an fp16 residual)",
                    nullptr, {"fp32", "bf16", "fp16", "int8", "fp8-e4m3", "fp8-e4m3-static", "fp8-e5m2", "int4", "q8_0", "q4_0",
                              "int4-kivi", "int2-kivi"}),
         int_param("block", "tokens per block of the paged cache", 16),
