@@ -522,6 +522,70 @@ TEST(PagedCache, CopyOnWriteLeavesTheOtherRequestUntouched) {
   EXPECT_NE(std::memcmp(c.entry(f, 1, 6), c.entry(a, 1, 6), s.entry_bytes()), 0);  // their own tokens
 }
 
+// Host memory that code must reach through the device's copies: it reports itself as a CUDA device, so
+// KvCache::write_token encodes in host memory and copies, as on a GPU, and the test reads what arrived.
+class HostBehindCopies final : public Device {
+ public:
+  HostBehindCopies() {
+    auto alloc = [](std::size_t n) { return std::aligned_alloc(64, (n + 63) / 64 * 64); };
+    memory_ = std::make_unique<TrackedAllocator>("cuda", alloc, [](void* p) { std::free(p); });
+    host_ = std::make_unique<TrackedAllocator>("host", alloc, [](void* p) { std::free(p); });
+  }
+  Backend backend() const override { return Backend::cuda; }
+  std::string name() const override { return "host memory behind copies"; }
+  void copy(void* dst, const void* src, std::size_t bytes, CopyKind) override {
+    std::memcpy(dst, src, bytes);
+    ++copies_;
+  }
+  void synchronize() override {}
+  double time_call(const std::function<void()>& fn) override {
+    fn();
+    return 0;
+  }
+  int64_t copies() const { return copies_; }
+
+ private:
+  int64_t copies_ = 0;
+};
+
+// write_token on a device cache (encoded on the host and copied; a completed KIVI residual read back) stores
+// the bytes a host cache holds after writing in place: every storage type, both layouts, two layers, KIVI
+// residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual.
+TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
+  auto cpu = make_cpu_device();
+  HostBehindCopies far;
+  for (const int64_t hd : {32, 40, 64})
+    for (KvType t : kCacheTypes) {
+      if (!takes(t, hd)) continue;
+      KvShape s{2, 2, hd, t};
+      random_static_scales(s, 3);
+      if (is_kivi(t) && hd == 64) s.residual = 64;
+      const TwoLayouts a = two_layouts(*cpu, s, 3, 128, 7), b = two_layouts(far, s, 3, 128, 7);
+      const std::string what = std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd);
+      for (const bool paged : {false, true})
+        for (std::size_t r = 0; r < a.len.size(); ++r)
+          for (int64_t l = 0; l < s.layers; ++l) {
+            const KvCache& ca = paged ? static_cast<const KvCache&>(*a.p) : *a.c;
+            const KvCache& cb = paged ? static_cast<const KvCache&>(*b.p) : *b.c;
+            const int64_t ra = paged ? a.rp[r] : a.rc[r], rb = paged ? b.rp[r] : b.rc[r];
+            for (int64_t pos = 0; pos < a.len[r]; ++pos) {
+              const uint8_t *ea = nullptr, *eb = nullptr;
+              ca.runs_in(ra, l, pos, pos + 1, [&](const uint8_t* e, int64_t, int64_t) { ea = e; });
+              cb.runs_in(rb, l, pos, pos + 1, [&](const uint8_t* e, int64_t, int64_t) { eb = e; });
+              ASSERT_EQ(std::memcmp(ea, eb, static_cast<std::size_t>(s.entry_bytes())), 0)
+                  << what << (paged ? " paged" : " contiguous") << " request " << r << " layer " << l << " token " << pos;
+            }
+            if (s.kivi()) {  // the residual's tokens not yet quantized
+              ASSERT_EQ(std::memcmp(ca.residual(ra, l), cb.residual(rb, l),
+                                    static_cast<std::size_t>((a.len[r] % s.residual) * s.residual_entry_bytes())),
+                        0)
+                  << what << " request " << r << " layer " << l << ": residual";
+            }
+          }
+    }
+  EXPECT_GT(far.copies(), 0);
+}
+
 TEST(KvCache, RunningOutIsARefusalNotACrash) {
   auto dev = make_cpu_device();
   const KvShape s{1, 1, 4, KvType::f32};

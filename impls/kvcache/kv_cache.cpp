@@ -273,62 +273,72 @@ const uint8_t* KvCache::residual(int64_t req, int64_t layer) const {
 }
 
 void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v) {
-  // Records are encoded on the host and copied to the cache's device (a memcpy on the CPU), so that one
-  // path writes a host cache and a CUDA one.
+  // A host cache (the CPU device) is encoded in place; any other device's records are encoded in host
+  // memory and copied (a completed KIVI residual read back first).
   Device& dev = device();
+  const bool in_place = dev.backend() == Backend::cpu;
   const int64_t hd = shape_.head_dim, kvh = shape_.kv_heads, hb = shape_.head_bytes(), eb = shape_.entry_bytes();
-  std::vector<uint8_t> e(static_cast<std::size_t>(eb));
+  std::vector<uint8_t> staged;  // device caches: the records before their copy
+  auto target = [&](uint8_t* dst, int64_t entries) {
+    if (in_place) return dst;
+    staged.assign(static_cast<std::size_t>(entries * eb), 0);
+    return staged.data();
+  };
+  auto copy_in = [&](uint8_t* dst, const uint8_t* src, int64_t bytes) {
+    if (!in_place) dev.copy(dst, src, static_cast<std::size_t>(bytes), CopyKind::host_to_device);
+  };
+  uint8_t* const dst = entry(req, layer, pos);
+  uint8_t* e = target(dst, 1);
   if (!shape_.kivi()) {
     for (int64_t h = 0; h < kvh; ++h) {
-      encode_head(shape_.type, k + h * hd, hd, e.data() + h * hb, shape_.record_scales(layer, 0, h));
-      encode_head(shape_.type, v + h * hd, hd, e.data() + (kvh + h) * hb, shape_.record_scales(layer, 1, h));
+      encode_head(shape_.type, k + h * hd, hd, e + h * hb, shape_.record_scales(layer, 0, h));
+      encode_head(shape_.type, v + h * hd, hd, e + (kvh + h) * hb, shape_.record_scales(layer, 1, h));
     }
-    dev.copy(entry(req, layer, pos), e.data(), e.size(), CopyKind::host_to_device);
+    copy_in(dst, e, eb);
     return;
   }
   MT_CHECK(pos == length(req) - 1,
            std::string("kv cache: ") + kv_type_name(shape_.type) + " tokens are written in order, each as the request's last");
   // The token into the residual, its records zero until the group completes.
   const int64_t R = shape_.residual, slot = pos % R, per = 2 * kvh * hd;
-  uint8_t* res_dev = const_cast<uint8_t*>(residual(req, layer));
-  std::vector<uint16_t> res(static_cast<std::size_t>((slot == R - 1 ? R : 1) * per));
-  uint16_t* mine = res.data() + (slot == R - 1 ? slot * per : 0);
+  auto* res_at = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(residual(req, layer)));
+  std::vector<uint16_t> mirror;  // device caches: the residual in host memory
+  if (!in_place) mirror.resize(static_cast<std::size_t>(R * per));
+  uint16_t* res = in_place ? res_at : mirror.data();
   for (int64_t i = 0; i < kvh * hd; ++i) {
-    mine[i] = to_f16(k[i]).bits;
-    mine[kvh * hd + i] = to_f16(v[i]).bits;
+    res[slot * per + i] = to_f16(k[i]).bits;
+    res[slot * per + kvh * hd + i] = to_f16(v[i]).bits;
   }
-  dev.copy(res_dev + slot * per * 2, mine, static_cast<std::size_t>(per * 2), CopyKind::host_to_device);
-  dev.copy(entry(req, layer, pos), e.data(), e.size(), CopyKind::host_to_device);  // zeros
+  copy_in(reinterpret_cast<uint8_t*>(res_at + slot * per), reinterpret_cast<const uint8_t*>(res + slot * per), per * 2);
+  std::memset(e, 0, static_cast<std::size_t>(eb));
+  copy_in(dst, e, eb);
   if (slot != R - 1) return;
-  // The residual is complete: the records of its groups from its fp16 values (the earlier tokens' read back).
-  dev.copy(res.data(), res_dev, static_cast<std::size_t>(slot * per * 2), CopyKind::device_to_host);
+  // The residual is complete: the records of its groups from its fp16 values.
+  if (!in_place) dev.copy(res, res_at, static_cast<std::size_t>(slot * per * 2), CopyKind::device_to_host);
   const KvType t = shape_.type;
   const int bits = static_cast<int>(shape_.elem_bits());
   const float top = static_cast<float>((1 << bits) - 1);
   const int64_t c = hd / kKiviGroup;
-  std::vector<uint8_t> group(static_cast<std::size_t>(kKiviGroup * eb));
   uint8_t* recs[kKiviGroup];
   uint8_t codes[kKiviGroup];
-  for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = group.data() + j * eb;
-  const uint16_t* g = res.data();
-  for (int64_t first = pos - slot; first <= pos; first += kKiviGroup, g += kKiviGroup * per) {
-    std::fill(group.begin(), group.end(), uint8_t{0});
+  for (int64_t first = pos - slot; first <= pos; first += kKiviGroup, res += kKiviGroup * per) {
+    uint8_t* group = target(nullptr, kKiviGroup);  // in place: each entry, zeroed when its token was written
+    for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = in_place ? entry(req, layer, first + j) : group + j * eb;
     for (int64_t h = 0; h < kvh; ++h) {
       for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
-        const KiviStep st = kivi_step(g + h * hd + ch, kKiviGroup, per, top, codes);
+        const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, top, codes);
         for (int64_t j = 0; j < kKiviGroup; ++j) put_code(bits, recs[j] + h * hb, ch, codes[j]);
         put_pair(t, recs[ch / c] + h * hb, hd, ch % c, st);
       }
       for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
         for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
-          const KiviStep st = kivi_step(g + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
+          const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
           uint8_t* r = recs[j] + (kvh + h) * hb;
           for (int64_t i = 0; i < kKiviGroup; ++i) put_code(bits, r, b * kKiviGroup + i, codes[i]);
           put_pair(t, r, hd, b, st);
         }
     }
-    for (int64_t j = 0; j < kKiviGroup; ++j)
-      dev.copy(entry(req, layer, first + j), recs[j], static_cast<std::size_t>(eb), CopyKind::host_to_device);
+    for (int64_t j = 0; j < kKiviGroup; ++j) copy_in(entry(req, layer, first + j), recs[j], eb);
   }
 }
 
