@@ -530,6 +530,14 @@ TEST(Claims, KvShareFromTheValidatedPerTokenFormula) {
   ClaimSpec big = shipped("kv-70");  // a model whose weights are small beside its KV: over 70%
   big.data["models"] = Json::array({Json{{"name", "tiny"}, {"layers", 32}, {"kv_heads", 32}, {"head_dim", 128}, {"params", 1e9}}});
   EXPECT_EQ(registry().get("kvcache").claims.at("kv-70")(big, {contiguous(exact)}).verdict, "reproduced");
+  // An int4-kivi request also holds its fp16 residual (32 tokens of K and V): counted, not an error.
+  Record kivi = contiguous(0);
+  kivi.kase.params["kv_dtype"] = "int4-kivi";
+  const double kivi_exact = 4.0 * (1024 * 2 * 8 * (64 + 16) + 32 * 2 * 8 * 128 * 2);
+  kivi.counters["peak_bytes_kv"] = kivi_exact;
+  EXPECT_EQ(check("kvcache", "kv-70", {contiguous(exact), kivi}).verdict, "not_reproduced");
+  kivi.counters["peak_bytes_kv"] = kivi_exact - 32 * 2 * 8 * 128 * 2;  // the records alone
+  EXPECT_EQ(check("kvcache", "kv-70", {contiguous(exact), kivi}).verdict, "error");
 }
 
 TEST(Claims, AccumulationEqualsTheLargeBatchOnlyWithTokenNormalization) {

@@ -536,7 +536,8 @@ ClaimResult check_paged(const ClaimSpec& spec, const std::vector<Record>& recs) 
 // configuration of the claim's data, KV bytes = tokens x batch x 2 x layers x kv_heads x head_dim x 2
 // (fp16) against weights of params x 2 bytes, share = KV / (KV + weights). The per-token formula is
 // first checked against the run: every kvcache record's tracked KV bytes (the contiguous cache's peak of
-// tag kv) must equal batch x context x the formula's bytes, else the check is an error.
+// tag kv) must equal batch x (context x the formula's bytes + the KIVI types' per-request fp16 residual),
+// else the check is an error.
 ClaimResult check_kv70(const ClaimSpec& spec, const std::vector<Record>& recs) {
   const Band band = claim_band(spec);
   int checked = 0;
@@ -545,7 +546,8 @@ ClaimResult check_kv70(const ClaimSpec& spec, const std::vector<Record>& recs) {
     const Json& p = r.kase.params;
     const KvShape s{1, p.value("kv_heads", int64_t{0}), p.value("head_dim", int64_t{0}),
                     parse_kv_type(p.value("kv_dtype", std::string("fp32")))};
-    const double formula = static_cast<double>(p.value("batch", int64_t{0}) * p.value("context", int64_t{0}) * s.token_bytes());
+    const double formula =
+        static_cast<double>(p.value("batch", int64_t{0}) * (p.value("context", int64_t{0}) * s.token_bytes() + s.residual_bytes()));
     if (r.counter("peak_bytes_kv", -1) != formula)
       return {"", "error", "the KV formula (" + std::to_string(formula) + " bytes) differs from the tracked bytes of " + r.name};
     ++checked;
