@@ -21,6 +21,7 @@
 #include "impls/kvcache/decoder.hpp"
 #include "impls/kvcache/record.hpp"
 #include "impls/kvcache/serving.hpp"
+#include "host_memory_devices.hpp"
 #include "kv_fixtures.hpp"
 #include "model/train.hpp"
 #include "model_fixtures.hpp"
@@ -522,38 +523,12 @@ TEST(PagedCache, CopyOnWriteLeavesTheOtherRequestUntouched) {
   EXPECT_NE(std::memcmp(c.entry(f, 1, 6), c.entry(a, 1, 6), s.entry_bytes()), 0);  // their own tokens
 }
 
-// Host memory that code must reach through the device's copies: it reports itself as a CUDA device, so
-// KvCache::write_token encodes in host memory and copies, as on a GPU, and the test reads what arrived.
-class HostBehindCopies final : public Device {
- public:
-  HostBehindCopies() {
-    auto alloc = [](std::size_t n) { return std::aligned_alloc(64, (n + 63) / 64 * 64); };
-    memory_ = std::make_unique<TrackedAllocator>("cuda", alloc, [](void* p) { std::free(p); });
-    host_ = std::make_unique<TrackedAllocator>("host", alloc, [](void* p) { std::free(p); });
-  }
-  Backend backend() const override { return Backend::cuda; }
-  std::string name() const override { return "host memory behind copies"; }
-  void copy(void* dst, const void* src, std::size_t bytes, CopyKind) override {
-    std::memcpy(dst, src, bytes);
-    ++copies_;
-  }
-  void synchronize() override {}
-  double time_call(const std::function<void()>& fn) override {
-    fn();
-    return 0;
-  }
-  int64_t copies() const { return copies_; }
-
- private:
-  int64_t copies_ = 0;
-};
-
 // write_token on a device cache (encoded on the host and copied; a completed KIVI residual read back) stores
 // the bytes a host cache holds after writing in place: every storage type, both layouts, two layers, KIVI
 // residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual.
 TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
   auto cpu = make_cpu_device();
-  HostBehindCopies far;
+  test::HostBehindCopies far;
   for (const int64_t hd : {32, 40, 64})
     for (KvType t : kCacheTypes) {
       if (!takes(t, hd)) continue;

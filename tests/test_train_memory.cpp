@@ -10,7 +10,7 @@
 #include "impls/offload/zero_model.hpp"
 #include "model/layers.hpp"
 #include "model/train_bench.hpp"
-#include "deferred_copy_device.hpp"
+#include "host_memory_devices.hpp"
 #include "model_fixtures.hpp"
 #include "test_util.hpp"
 
