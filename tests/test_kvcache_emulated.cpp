@@ -51,8 +51,9 @@ TEST(KvCacheCudaEmulated, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEq
   auto dev = make_cpu_device();
   int whole_slices = 0, cases = 0;  // cases whose lanes load their slices whole, of all
   // (head_dim, query heads per KV head): partial lanes (40; 32, where q8_0 / q4_0's 16 lanes of one block
-  // leave 16 idle), whole-slice loads of 2, 4 and 8 elements.
-  for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{40, 12}, {32, 3}, {64, 1}, {128, 4}, {256, 1}})
+  // leave 16 idle), whole-slice loads of 2, 4 and 8 elements; groups of 12 (two thread blocks per KV head, the
+  // second with 4 of its 8 heads) at 40 and at 64 (the KIVI types too), MHA at 256.
+  for (const auto& [hd, group] : {std::pair<int64_t, int64_t>{40, 12}, {32, 3}, {64, 12}, {128, 4}, {256, 1}})
     for (KvType t : kCacheTypes) {
       if (!takes(t, hd)) continue;
       ++cases;
