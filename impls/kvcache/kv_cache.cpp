@@ -302,14 +302,16 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
   // The token into the residual, its records zero until the group completes.
   const int64_t R = shape_.residual, slot = pos % R, per = 2 * kvh * hd;
   auto* res_at = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(residual(req, layer)));
-  std::vector<uint16_t> mirror;  // device caches: the residual in host memory
-  if (!in_place) mirror.resize(static_cast<std::size_t>(R * per));
+  // Device caches: the token's slot in host memory, or the whole residual when this token completes it.
+  std::vector<uint16_t> mirror;
+  if (!in_place) mirror.resize(static_cast<std::size_t>((slot == R - 1 ? R : 1) * per));
   uint16_t* res = in_place ? res_at : mirror.data();
+  uint16_t* mine = in_place || slot == R - 1 ? res + slot * per : res;
   for (int64_t i = 0; i < kvh * hd; ++i) {
-    res[slot * per + i] = to_f16(k[i]).bits;
-    res[slot * per + kvh * hd + i] = to_f16(v[i]).bits;
+    mine[i] = to_f16(k[i]).bits;
+    mine[kvh * hd + i] = to_f16(v[i]).bits;
   }
-  copy_in(reinterpret_cast<uint8_t*>(res_at + slot * per), reinterpret_cast<const uint8_t*>(res + slot * per), per * 2);
+  copy_in(reinterpret_cast<uint8_t*>(res_at + slot * per), reinterpret_cast<const uint8_t*>(mine), per * 2);
   std::memset(e, 0, static_cast<std::size_t>(eb));
   copy_in(dst, e, eb);
   if (slot != R - 1) return;
