@@ -19,6 +19,7 @@
 #include "harness/results.hpp"
 #include "harness/runner.hpp"
 #include "harness/suite.hpp"
+#include "impls/kvcache/kv_cache.hpp"
 #include "impls/quant/calibration.hpp"
 #include "impls/quant/formats.hpp"
 #include "impls/quant/quantizers.hpp"
@@ -277,4 +278,30 @@ TEST(Quant, CalibrationParametersReachTheQuantizers) {
   ASSERT_NE(plain, ordered);
   EXPECT_EQ(weight_err.at("gptq/300"), plain);
   EXPECT_EQ(weight_err.at("gptq-act-order/300"), ordered);
+}
+
+// The kvcache decode cases' bytes read per step, from which their bandwidth is computed, are what the kernels
+// read: every request's records, and for the KIVI types the fp16 residual of the tokens after the last
+// complete group (37 = 32 in records + 5 in the residual), on every CPU layout (the KIVI types do not offload).
+TEST(KvCache, DecodeBytesReadCountTheResidualsFp16TokensNotRecords) {
+  const std::string out = run_scratch_suite("kvcache_bytes", R"({"suite": "kvcache_bytes", "technique": "kvcache",
+    "x_param": "context", "profiles": {"test": {"repetitions": 1, "min_time_s": 0.0001, "grid": [{"batch": [3],
+      "context": [37, 64], "heads": [4], "kv_heads": [2], "head_dim": [32], "kv_dtype": ["bf16", "int4-kivi"],
+      "block": [8], "hot_tokens": [16]}]}}})");
+  int checked = 0;
+  for (const auto& s : load_results(out).cases) {
+    if (s.status != "ok") {
+      ADD_FAILURE() << s.name << ": " << s.status << " " << s.detail;
+      continue;
+    }
+    const std::string dtype = s.params.at("kv_dtype").get<std::string>();
+    const int64_t context = s.params.at("context").get<int64_t>(), batch = 3;
+    const kvcache::KvShape shape{1, 2, 32, kvcache::parse_kv_type(dtype)};
+    const int64_t records = shape.kivi() ? context / 32 * 32 : context;
+    const double expect = static_cast<double>(
+        batch * (records * shape.entry_bytes() + (context - records) * shape.residual_entry_bytes()));
+    EXPECT_EQ(s.counters.at("kv_bytes_read"), expect) << s.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2 * 3 + 2 * 2) << "bf16: contiguous, paged, paged-offload; int4-kivi: the first two";
 }

@@ -146,7 +146,7 @@ class DecodeWorkload final : public Workload {
   }
   Work work() const override {
     Work w;
-    w.bytes = static_cast<double>(p_.batch * p_.context * p_.shape.entry_bytes());
+    w.bytes = bytes_read();
     w.flops = 4.0 * static_cast<double>(p_.batch * p_.heads * p_.context * p_.shape.head_dim);
     // Every type's kernel multiplies and adds in fp32 (records decoded in registers), so the fp32 GEMM
     // rate is its arithmetic ceiling, as the copy bandwidth is its memory ceiling: frac_of_gemm_ceiling
@@ -163,7 +163,7 @@ class DecodeWorkload final : public Workload {
   }
   void add_counters(std::map<std::string, double>& c) override {
     c["kv_bytes_per_token"] = static_cast<double>(p_.shape.token_bytes());
-    c["kv_bytes_read"] = static_cast<double>(p_.batch * p_.context * p_.shape.entry_bytes());
+    c["kv_bytes_read"] = bytes_read();
     c["kv_reserved_bytes"] = static_cast<double>(cache_->reserved_bytes());
     const double host = offload_ ? static_cast<double>(offload_->host_reserved_bytes()) : 0.0;
     c["kv_utilization"] = static_cast<double>(cache_->used_bytes()) / (static_cast<double>(cache_->reserved_bytes()) + host);
@@ -177,6 +177,14 @@ class DecodeWorkload final : public Workload {
   }
 
  private:
+  // What one step reads from the cache: every request's records, and for the KIVI types the fp16 residual of
+  // the tokens after the last complete group (decode_bytes_read).
+  double bytes_read() const {
+    int64_t n = 0;
+    for (const int64_t r : reqs_) n += decode_bytes_read(*cache_, r);
+    return static_cast<double>(n);
+  }
+
   const DecodeProblem& p_;
   Device& dev_;
   std::unique_ptr<KvCache> cache_;
