@@ -56,20 +56,23 @@ inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
   return v;
 }
 
-// Writes token pos of request r (layer 0..layers-1) with values from (seed, r, pos), through
-// KvCache::write_token (on any device: records encoded on the host and copied; the KIVI types by group).
-inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) {
+// Writes tokens [from, from + n) of request r (layers 0..layers-1) with values from (seed, r, pos), through
+// KvCache::write_tokens (on any device: records encoded on the host and copied, a copy per run of adjacent
+// entries; the KIVI types by group, one token at a time as each is appended).
+inline void write_tokens(KvCache& c, int64_t r, int64_t from, int64_t n, uint64_t seed) {
   const KvShape& s = c.shape();
-  const int64_t hd = s.head_dim;
-  std::vector<float> kv(static_cast<std::size_t>(2 * s.kv_heads * hd));
+  const int64_t hd = s.head_dim, per = s.kv_heads * hd;
+  std::vector<float> k(static_cast<std::size_t>(n * per)), v(k.size());
   for (int64_t l = 0; l < s.layers; ++l) {
-    for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
-      const auto x = normals(hd, seed * 1000003 + static_cast<uint64_t>((pos * s.layers + l) * 64 + h));
-      std::copy(x.begin(), x.end(), kv.begin() + h * hd);
-    }
-    c.write_token(r, l, pos, kv.data(), kv.data() + s.kv_heads * hd);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < 2 * s.kv_heads; ++h) {
+        const auto x = normals(hd, seed * 1000003 + static_cast<uint64_t>(((from + i) * s.layers + l) * 64 + h));
+        std::copy(x.begin(), x.end(), (h < s.kv_heads ? k : v).begin() + i * per + (h % s.kv_heads) * hd);
+      }
+    c.write_tokens(r, l, from, n, k.data(), v.data());
   }
 }
+inline void write_token(KvCache& c, int64_t r, int64_t pos, uint64_t seed) { write_tokens(c, r, pos, 1, seed); }
 
 // The same requests of lengths `len` in a paged cache (p) and in an offloading one (o: each request's newest
 // `hot` blocks in the device pool, which holds only those, the older ones in a host pool of as many blocks),
@@ -96,20 +99,23 @@ inline OffloadPair offload_pair(Device& dev, const KvShape& s, const std::vector
     x.rp.push_back(x.p->add(len[b]));
     x.ro.push_back(x.o->add(len[b]));
   }
-  for (int64_t i = 0; i < longest; ++i)
+  for (int64_t i = 0; i < longest; i += block)  // a block of each request in turn, written before the next
     for (int64_t b = 0; b < B; ++b)
       if (i < len[b]) {
-        if (!x.p->append(x.rp[b]) || !x.o->append(x.ro[b])) throw Error("offload_pair: a cache refused a token");
-        write_token(*x.p, x.rp[b], i, static_cast<uint64_t>(b));
-        write_token(*x.o, x.ro[b], i, static_cast<uint64_t>(b));
+        const int64_t n = std::min(block, len[b] - i);
+        for (int64_t j = 0; j < n; ++j)
+          if (!x.p->append(x.rp[b]) || !x.o->append(x.ro[b])) throw Error("offload_pair: a cache refused a token");
+        write_tokens(*x.p, x.rp[b], i, n, static_cast<uint64_t>(b));
+        write_tokens(*x.o, x.ro[b], i, n, static_cast<uint64_t>(b));
       }
   return x;
 }
 
 // B requests of random lengths in [1, max_len] (the last max_len; with three or more, the first one token)
 // in both layouts, the same tokens in each (written when `write`, on any device; without it the tables
-// only). The paged cache has block 16 and 4096 blocks; a holder request takes 0-2 blocks
-// between appends, so the tables are scattered. The same seed gives the same tables on any device.
+// only; the KIVI types as they are appended, the others once all are). The paged cache has block 16 and
+// 4096 blocks; a holder request takes 0-2 blocks between appends, so the tables are scattered. The same
+// seed gives the same tables on any device.
 struct TwoLayouts {
   std::unique_ptr<kvcache::ContiguousCache> c;
   std::unique_ptr<kvcache::PagedCache> p;
@@ -134,11 +140,16 @@ inline TwoLayouts two_layouts(Device& dev, const KvShape& s, int64_t B, int64_t 
   for (int64_t b : order) {
     for (int k = static_cast<int>(rng() % 3); k > 0; --k) t.p->append(hold);
     if (!t.c->append(t.rc[b]) || !t.p->append(t.rp[b])) throw Error("two_layouts: a cache refused a token");
-    if (write) {
+    if (write && s.kivi()) {  // in order, each the request's last when written
       write_token(*t.c, t.rc[b], t.c->length(t.rc[b]) - 1, static_cast<uint64_t>(b));
       write_token(*t.p, t.rp[b], t.p->length(t.rp[b]) - 1, static_cast<uint64_t>(b));
     }
   }
+  if (write && !s.kivi())  // every request's tokens at once: a copy per block on a device
+    for (int64_t b = 0; b < B; ++b) {
+      write_tokens(*t.c, t.rc[b], 0, t.len[b], static_cast<uint64_t>(b));
+      write_tokens(*t.p, t.rp[b], 0, t.len[b], static_cast<uint64_t>(b));
+    }
   return t;
 }
 

@@ -523,9 +523,11 @@ TEST(PagedCache, CopyOnWriteLeavesTheOtherRequestUntouched) {
   EXPECT_NE(std::memcmp(c.entry(f, 1, 6), c.entry(a, 1, 6), s.entry_bytes()), 0);  // their own tokens
 }
 
-// write_token on a device cache (encoded on the host and copied; a completed KIVI residual read back) stores
-// the bytes a host cache holds after writing in place: every storage type, both layouts, two layers, KIVI
-// residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual.
+// write_token / write_tokens on a device cache (encoded on the host and copied; a completed KIVI residual read
+// back) store the bytes a host cache holds after writing in place: every storage type, both layouts, two
+// layers, KIVI residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual. The
+// record types' whole requests at once take one copy per run of adjacent entries: one per request in the
+// contiguous cache, at most one per block in the paged one (not one per token).
 TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
   auto cpu = make_cpu_device();
   test::HostBehindCopies far;
@@ -535,8 +537,14 @@ TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
       KvShape s{2, 2, hd, t};
       random_static_scales(s, 3);
       if (is_kivi(t) && hd == 64) s.residual = 64;
+      const int64_t copies_before = far.copies();
       const TwoLayouts a = two_layouts(*cpu, s, 3, 128, 7), b = two_layouts(far, s, 3, 128, 7);
       const std::string what = std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd);
+      if (!s.kivi()) {
+        int64_t runs = 0;
+        for (std::size_t r = 0; r < b.len.size(); ++r) runs += 1 + (b.len[r] + 15) / 16;
+        EXPECT_LE(far.copies() - copies_before, s.layers * runs) << what;
+      }
       for (const bool paged : {false, true})
         for (std::size_t r = 0; r < a.len.size(); ++r)
           for (int64_t l = 0; l < s.layers; ++l) {
@@ -559,6 +567,20 @@ TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
           }
     }
   EXPECT_GT(far.copies(), 0);
+}
+
+TEST(KvCache, WriteTokensPastTheRequestIsAnErrorNamingTheRange) {
+  test::HostBehindCopies far;
+  kvcache::ContiguousCache c(far, KvShape{1, 1, 16, KvType::bf16});
+  const int64_t r = c.add(8);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.append(r));
+  const std::vector<float> x(5 * 16, 1.f);
+  const std::string msg = test::error_of([&] { c.write_tokens(r, 0, 2, 3, x.data(), x.data()); });
+  EXPECT_NE(msg.find("[2, 5)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("4 tokens"), std::string::npos) << msg;
+  const int64_t before = far.copies();
+  c.write_tokens(r, 0, 1, 3, x.data(), x.data());
+  EXPECT_EQ(far.copies() - before, 1) << "three adjacent entries, one copy";
 }
 
 TEST(KvCache, RunningOutIsARefusalNotACrash) {

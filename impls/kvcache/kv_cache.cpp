@@ -290,10 +290,7 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
   uint8_t* const dst = entry(req, layer, pos);
   uint8_t* e = target(dst, 1);
   if (!shape_.kivi()) {
-    for (int64_t h = 0; h < kvh; ++h) {
-      encode_head(shape_.type, k + h * hd, hd, e + h * hb, shape_.record_scales(layer, 0, h));
-      encode_head(shape_.type, v + h * hd, hd, e + (kvh + h) * hb, shape_.record_scales(layer, 1, h));
-    }
+    encode_entry(layer, k, v, e);
     copy_in(dst, e, eb);
     return;
   }
@@ -341,6 +338,35 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
         }
     }
     for (int64_t j = 0; j < kKiviGroup; ++j) copy_in(entry(req, layer, first + j), recs[j], eb);
+  }
+}
+
+void KvCache::encode_entry(int64_t layer, const float* k, const float* v, uint8_t* e) const {
+  const int64_t hd = shape_.head_dim, kvh = shape_.kv_heads, hb = shape_.head_bytes();
+  for (int64_t h = 0; h < kvh; ++h) {
+    encode_head(shape_.type, k + h * hd, hd, e + h * hb, shape_.record_scales(layer, 0, h));
+    encode_head(shape_.type, v + h * hd, hd, e + (kvh + h) * hb, shape_.record_scales(layer, 1, h));
+  }
+}
+
+void KvCache::write_tokens(int64_t req, int64_t layer, int64_t from, int64_t count, const float* k, const float* v) {
+  MT_CHECK(from >= 0 && count >= 0 && from + count <= length(req),
+           "kv cache: write_tokens [" + std::to_string(from) + ", " + std::to_string(from + count) + ") is past request " +
+               std::to_string(req) + "'s " + std::to_string(length(req)) + " tokens");
+  const int64_t per = shape_.kv_heads * shape_.head_dim, eb = shape_.entry_bytes();
+  if (shape_.kivi() || device().backend() == Backend::cpu) {  // in place, or the KIVI types' own order
+    for (int64_t i = 0; i < count; ++i) write_token(req, layer, from + i, k + i * per, v + i * per);
+    return;
+  }
+  std::vector<uint8_t> staged(static_cast<std::size_t>(count * eb));
+  for (int64_t i = 0; i < count; ++i) encode_entry(layer, k + i * per, v + i * per, staged.data() + i * eb);
+  // One copy per run of entries that are adjacent in the cache's memory (a block, or a contiguous request).
+  for (int64_t i = 0; i < count;) {
+    uint8_t* const dst = entry(req, layer, from + i);
+    int64_t n = 1;
+    while (i + n < count && entry(req, layer, from + i + n) == dst + n * eb) ++n;
+    device().copy(dst, staged.data() + i * eb, static_cast<std::size_t>(n * eb), CopyKind::host_to_device);
+    i += n;
   }
 }
 

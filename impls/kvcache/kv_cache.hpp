@@ -182,6 +182,10 @@ class KvCache {
   // it. read_token (host caches: the CPU device) gives them back as the kernels read them (KIVI: the residual's
   // fp16 values for the tokens not yet quantized).
   void write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v);
+  // Tokens [from, from + count) at `layer` (k, v: [count][kv_heads][head_dim]), as write_token would store
+  // each, with one copy per run of consecutive entries on a device cache. The KIVI types token by token (each
+  // must be the request's last when written: count 1 at a time as they are appended).
+  void write_tokens(int64_t req, int64_t layer, int64_t from, int64_t count, const float* k, const float* v);
   void read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const;
   // Tokens of the request held in records: its length, or for the KIVI types those of its complete residuals
   // (a multiple of shape().residual); the rest are in residual(req, layer): fp16 entries of [K, V] x kv_heads x
@@ -228,6 +232,8 @@ class KvCache {
   bool add_residual(Device& dev, int64_t req);  // false when the pool cannot hold it
   void drop_residual(int64_t req);
   int64_t residual_reserved() const;
+  // One token's [K, V] x kv_heads records at `layer` into e (host memory; not the KIVI types).
+  void encode_entry(int64_t layer, const float* k, const float* v, uint8_t* e) const;
   std::vector<Buffer> residual_;
   KvShape shape_;
 };
