@@ -569,18 +569,25 @@ TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
   EXPECT_GT(far.copies(), 0);
 }
 
-TEST(KvCache, WriteTokensPastTheRequestIsAnErrorNamingTheRange) {
+// write_token and write_tokens on a device cache (through copies) store what they store in place on the CPU:
+// one token, then a run of three adjacent entries in one copy; a range past the request is an error naming it.
+TEST(KvCache, WriteTokensCopiesARunOnceAndARangePastTheRequestIsAnError) {
+  auto cpu = make_cpu_device();
   test::HostBehindCopies far;
-  kvcache::ContiguousCache c(far, KvShape{1, 1, 16, KvType::bf16});
-  const int64_t r = c.add(8);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.append(r));
-  const std::vector<float> x(5 * 16, 1.f);
-  const std::string msg = test::error_of([&] { c.write_tokens(r, 0, 2, 3, x.data(), x.data()); });
+  const KvShape s{1, 2, 16, KvType::int8};
+  kvcache::ContiguousCache host(*cpu, s), dev(far, s);
+  const int64_t rh = host.add(8), rd = dev.add(8);
+  const auto k = normals(4 * 2 * 16, 5), v = normals(4 * 2 * 16, 6);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(host.append(rh) && dev.append(rd));
+  const std::string msg = test::error_of([&] { dev.write_tokens(rd, 0, 2, 3, k.data(), v.data()); });
   EXPECT_NE(msg.find("[2, 5)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("4 tokens"), std::string::npos) << msg;
   const int64_t before = far.copies();
-  c.write_tokens(r, 0, 1, 3, x.data(), x.data());
-  EXPECT_EQ(far.copies() - before, 1) << "three adjacent entries, one copy";
+  dev.write_token(rd, 0, 0, k.data(), v.data());
+  dev.write_tokens(rd, 0, 1, 3, k.data() + 32, v.data() + 32);
+  EXPECT_EQ(far.copies() - before, 2) << "one token, then three adjacent entries in one copy";
+  host.write_tokens(rh, 0, 0, 4, k.data(), v.data());
+  EXPECT_EQ(std::memcmp(host.entry(rh, 0, 0), dev.entry(rd, 0, 0), static_cast<std::size_t>(4 * s.entry_bytes())), 0);
 }
 
 TEST(KvCache, RunningOutIsARefusalNotACrash) {
