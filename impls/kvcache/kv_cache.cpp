@@ -337,7 +337,7 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
           put_pair(t, r, hd, b, st);
         }
     }
-    for (int64_t j = 0; j < kKiviGroup; ++j) copy_in(entry(req, layer, first + j), recs[j], eb);
+    if (!in_place) copy_entries(req, layer, first, kKiviGroup, group);
   }
 }
 
@@ -360,12 +360,17 @@ void KvCache::write_tokens(int64_t req, int64_t layer, int64_t from, int64_t cou
   }
   std::vector<uint8_t> staged(static_cast<std::size_t>(count * eb));
   for (int64_t i = 0; i < count; ++i) encode_entry(layer, k + i * per, v + i * per, staged.data() + i * eb);
+  copy_entries(req, layer, from, count, staged.data());
+}
+
+void KvCache::copy_entries(int64_t req, int64_t layer, int64_t from, int64_t count, const uint8_t* src) {
   // One copy per run of entries that are adjacent in the cache's memory (a block, or a contiguous request).
+  const int64_t eb = shape_.entry_bytes();
   for (int64_t i = 0; i < count;) {
     uint8_t* const dst = entry(req, layer, from + i);
     int64_t n = 1;
     while (i + n < count && entry(req, layer, from + i + n) == dst + n * eb) ++n;
-    device().copy(dst, staged.data() + i * eb, static_cast<std::size_t>(n * eb), CopyKind::host_to_device);
+    device().copy(dst, src + i * eb, static_cast<std::size_t>(n * eb), CopyKind::host_to_device);
     i += n;
   }
 }

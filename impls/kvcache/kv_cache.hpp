@@ -234,6 +234,9 @@ class KvCache {
   int64_t residual_reserved() const;
   // One token's [K, V] x kv_heads records at `layer` into e (host memory; not the KIVI types).
   void encode_entry(int64_t layer, const float* k, const float* v, uint8_t* e) const;
+  // Entries [from, from + count) of the request at `layer` from host memory (src: count entries back to back)
+  // to the cache's device, one copy per run of entries adjacent in its memory.
+  void copy_entries(int64_t req, int64_t layer, int64_t from, int64_t count, const uint8_t* src);
   std::vector<Buffer> residual_;
   KvShape shape_;
 };
