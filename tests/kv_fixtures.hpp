@@ -58,7 +58,7 @@ inline std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f) {
 
 // Writes tokens [from, from + n) of request r (layers 0..layers-1) with values from (seed, r, pos), through
 // KvCache::write_tokens (on any device: records encoded on the host and copied, a copy per run of adjacent
-// entries; the KIVI types by group, one token at a time as each is appended).
+// entries; the KIVI types' runs must end at the request's last token).
 inline void write_tokens(KvCache& c, int64_t r, int64_t from, int64_t n, uint64_t seed) {
   const KvShape& s = c.shape();
   const int64_t hd = s.head_dim, per = s.kv_heads * hd;
@@ -112,8 +112,8 @@ inline OffloadPair offload_pair(Device& dev, const KvShape& s, const std::vector
 }
 
 // B requests of random lengths in [1, max_len] (the last max_len; with three or more, the first one token)
-// in both layouts, the same tokens in each (written when `write`, on any device; without it the tables
-// only; the KIVI types as they are appended, the others once all are). The paged cache has block 16 and
+// in both layouts, the same tokens in each (written when `write`, on any device, each request whole once
+// all are appended; without it the tables only). The paged cache has block 16 and
 // 4096 blocks; a holder request takes 0-2 blocks between appends, so the tables are scattered. The same
 // seed gives the same tables on any device.
 struct TwoLayouts {
@@ -140,12 +140,8 @@ inline TwoLayouts two_layouts(Device& dev, const KvShape& s, int64_t B, int64_t 
   for (int64_t b : order) {
     for (int k = static_cast<int>(rng() % 3); k > 0; --k) t.p->append(hold);
     if (!t.c->append(t.rc[b]) || !t.p->append(t.rp[b])) throw Error("two_layouts: a cache refused a token");
-    if (write && s.kivi()) {  // in order, each the request's last when written
-      write_token(*t.c, t.rc[b], t.c->length(t.rc[b]) - 1, static_cast<uint64_t>(b));
-      write_token(*t.p, t.rp[b], t.p->length(t.rp[b]) - 1, static_cast<uint64_t>(b));
-    }
   }
-  if (write && !s.kivi())  // every request's tokens at once: a copy per block on a device
+  if (write)  // every request's tokens at once: a copy per block on a device
     for (int64_t b = 0; b < B; ++b) {
       write_tokens(*t.c, t.rc[b], 0, t.len[b], static_cast<uint64_t>(b));
       write_tokens(*t.p, t.rp[b], 0, t.len[b], static_cast<uint64_t>(b));

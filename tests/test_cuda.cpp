@@ -419,11 +419,11 @@ TEST(QuantCuda, DenseMatvecEqualsTheFloat64Product) {
 }
 
 // The CUDA decode kernel against the float64 reference over the same stored records (written on the device
-// through KvCache::write_token's copies, on the host directly), for every storage type (the KIVI types with
-// an fp16 residual of 32 tokens, and of 64 at head_dim 64), head sizes that fill the warp (128-bit slice
-// loads) and ones that do not, MHA and grouped heads (a group of 12 takes two thread blocks per KV head),
-// one-token requests and ones of several splits; paged (scattered block tables) and contiguous give the
-// same bits; the same plan run twice too.
+// through KvCache::write_tokens' copies, a request at a time; on the host directly), for every storage type
+// (the KIVI types with an fp16 residual of 32 tokens, and of 64 at head_dim 64), head sizes that fill the
+// warp (128-bit slice loads) and ones that do not, MHA and grouped heads (a group of 12 takes two thread
+// blocks per KV head), one-token requests and ones of several splits; paged (scattered block tables) and
+// contiguous give the same bits; the same plan run twice too.
 TEST(KvCacheCuda, DecodeWithinTheFp32RuleOfTheFloat64ReferenceAndPagedEqualsContiguous) {
   REQUIRE_CUDA();
   using namespace memtrade::kvcache;

@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <span>
+#include <tuple>
 
 #include "datasets/random.hpp"
 #include "impls/kvcache/decode_attention.hpp"
@@ -525,10 +526,9 @@ TEST(PagedCache, CopyOnWriteLeavesTheOtherRequestUntouched) {
 
 // write_token / write_tokens on a device cache (encoded on the host and copied; a completed KIVI residual read
 // back) store the bytes a host cache holds after writing in place: every storage type, both layouts, two
-// layers, KIVI residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual. The
-// record types' whole requests at once take one copy per run of adjacent entries: one per request in the
-// contiguous cache, at most one per block in the paged one (not one per token); a KIVI token two (its residual
-// slot, its zeroed entry) and a completed group's 32 records one per run.
+// layers, KIVI residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual. Whole
+// requests at once take one copy per run of adjacent entries: one per request in the contiguous cache, at most
+// one per block in the paged one (not one per token); the KIVI types one more per residual (its slots).
 TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
   auto cpu = make_cpu_device();
   test::HostBehindCopies far;
@@ -543,8 +543,8 @@ TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
       const std::string what = std::string(kv_type_name(t)) + " head_dim " + std::to_string(hd);
       int64_t bound = 0;  // copies per layer over both layouts
       for (const int64_t n : b.len)
-        bound += s.kivi() ? 2 * 2 * n + 2 * (n / s.residual) + (1 + 2) * (n / 32)  // slot and entry per token;
-                                                                                 // readbacks; group's runs
+        bound += s.kivi() ? 4 * (n / s.residual + 1) + (n + 15) / 16  // per residual: slots, entries (contiguous);
+                                                                        // slots (paged); and the blocks
                           : 1 + (n + 15) / 16;
       EXPECT_LE(far.copies() - copies_before, s.layers * bound) << what;
       for (const bool paged : {false, true})
@@ -590,6 +590,63 @@ TEST(KvCache, WriteTokensCopiesARunOnceAndARangePastTheRequestIsAnError) {
   EXPECT_EQ(far.copies() - before, 2) << "one token, then three adjacent entries in one copy";
   host.write_tokens(rh, 0, 0, 4, k.data(), v.data());
   EXPECT_EQ(std::memcmp(host.entry(rh, 0, 0), dev.entry(rd, 0, 0), static_cast<std::size_t>(4 * s.entry_bytes())), 0);
+}
+
+// The KIVI types written in runs of any length that end at the request's last token (runs inside a residual,
+// crossing one or more residual edges, ending at one) store what writing each token as it is appended stores,
+// in place and through a device's copies, in both layouts. A device cache takes, per layer and per piece of a
+// run within one residual, one copy of its residual slots and one of its zeroed records or, where the piece
+// completes the residual, one of the residual's records (a contiguous request: one run), after reading back the
+// slots written before the piece. A run that does not end at the request's last token is an error.
+TEST(KvCache, KiviRunsStoreWhatTokenByTokenWritesStore) {
+  auto cpu = make_cpu_device();
+  test::HostBehindCopies far;
+  const std::vector<int64_t> runs = {1, 5, 26, 40, 1, 63, 64, 3, 97, 20};  // 320 tokens
+  for (KvType t : {KvType::int4_kivi, KvType::int2_kivi})
+    for (const int64_t R : {32, 64}) {
+      KvShape s{2, 2, 64, t};
+      s.residual = R;
+      const std::string what = std::string(kv_type_name(t)) + " residual " + std::to_string(R);
+      PagedCache one(*cpu, s, 16, 32), host(*cpu, s, 16, 32), paged(far, s, 16, 32);
+      ContiguousCache cont(far, s);
+      const int64_t r1 = one.add(400), rh = host.add(400), rp = paged.add(400), rc = cont.add(400);
+      int64_t pos = 0;
+      for (const int64_t n : runs) {
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(one.append(r1) && host.append(rh) && paged.append(rp) && cont.append(rc));
+          write_token(one, r1, pos + i, 7);
+        }
+        write_tokens(host, rh, pos, n, 7);
+        write_tokens(paged, rp, pos, n, 7);
+        int64_t want = 0;  // the contiguous cache's copies
+        for (int64_t a = pos; a < pos + n;) {
+          const int64_t s0 = a % R, m = std::min(R - s0, pos + n - a);
+          want += 2 + (s0 + m == R && s0 > 0 ? 1 : 0);
+          a += m;
+        }
+        const int64_t before = far.copies();
+        write_tokens(cont, rc, pos, n, 7);
+        EXPECT_EQ(far.copies() - before, s.layers * want) << what << " run of " << n << " from " << pos;
+        pos += n;
+        const std::tuple<KvCache*, int64_t, const char*> written[] = {
+            {&host, rh, "paged in place"}, {&paged, rp, "paged through copies"}, {&cont, rc, "contiguous through copies"}};
+        for (int64_t l = 0; l < s.layers; ++l)
+          for (const auto& [c, r, name] : written) {
+            const std::string where = what + " " + name + " layer " + std::to_string(l) + " after " +
+                                      std::to_string(pos) + " tokens";
+            for (int64_t p = 0; p < pos; ++p)
+              ASSERT_EQ(std::memcmp(one.entry(r1, l, p), c->entry(r, l, p), static_cast<std::size_t>(s.entry_bytes())), 0)
+                  << where << ": token " << p;
+            ASSERT_EQ(std::memcmp(one.residual(r1, l), c->residual(r, l),
+                                  static_cast<std::size_t>((pos % R) * s.residual_entry_bytes())),
+                      0)
+                << where << ": residual";
+          }
+      }
+      ASSERT_TRUE(cont.append(rc) && cont.append(rc));
+      const std::string msg = test::error_of([&] { write_tokens(cont, rc, pos, 1, 7); });
+      EXPECT_NE(msg.find("ending at the request's last"), std::string::npos) << msg;
+    }
 }
 
 TEST(KvCache, RunningOutIsARefusalNotACrash) {

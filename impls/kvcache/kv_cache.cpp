@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "common/dtype.hpp"
 #include "impls/kvcache/record.hpp"
@@ -273,71 +274,83 @@ const uint8_t* KvCache::residual(int64_t req, int64_t layer) const {
 }
 
 void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v) {
+  if (shape_.kivi()) {
+    MT_CHECK(pos == length(req) - 1, std::string("kv cache: ") + kv_type_name(shape_.type) +
+                                         " tokens are written in order, each as the request's last");
+    return write_kivi(req, layer, pos, 1, k, v);
+  }
   // A host cache (the CPU device) is encoded in place; any other device's records are encoded in host
-  // memory and copied (a completed KIVI residual read back first).
+  // memory and copied.
+  uint8_t* const dst = entry(req, layer, pos);
+  if (device().backend() == Backend::cpu) return encode_entry(layer, k, v, dst);
+  std::vector<uint8_t> e(static_cast<std::size_t>(shape_.entry_bytes()));
+  encode_entry(layer, k, v, e.data());
+  device().copy(dst, e.data(), e.size(), CopyKind::host_to_device);
+}
+
+void KvCache::write_kivi(int64_t req, int64_t layer, int64_t from, int64_t count, const float* k, const float* v) {
+  // The tokens go into the residual, their records zero until their residual completes; then the records of
+  // its groups are written from its fp16 values. A host cache (the CPU device) is written in place. On any
+  // other device the run is cut where a residual completes: each piece's residual slots take one copy, its
+  // zeroed records one per run of adjacent entries, and a completed residual is read back (its slots before
+  // the piece) and its records copied in one per run.
   Device& dev = device();
   const bool in_place = dev.backend() == Backend::cpu;
   const int64_t hd = shape_.head_dim, kvh = shape_.kv_heads, hb = shape_.head_bytes(), eb = shape_.entry_bytes();
-  std::vector<uint8_t> staged;  // device caches: the records before their copy
-  auto target = [&](uint8_t* dst, int64_t entries) {
-    if (in_place) return dst;
-    staged.assign(static_cast<std::size_t>(entries * eb), 0);
-    return staged.data();
-  };
-  auto copy_in = [&](uint8_t* dst, const uint8_t* src, int64_t bytes) {
-    if (!in_place) dev.copy(dst, src, static_cast<std::size_t>(bytes), CopyKind::host_to_device);
-  };
-  uint8_t* const dst = entry(req, layer, pos);
-  uint8_t* e = target(dst, 1);
-  if (!shape_.kivi()) {
-    encode_entry(layer, k, v, e);
-    copy_in(dst, e, eb);
-    return;
-  }
-  MT_CHECK(pos == length(req) - 1,
-           std::string("kv cache: ") + kv_type_name(shape_.type) + " tokens are written in order, each as the request's last");
-  // The token into the residual, its records zero until the group completes.
-  const int64_t R = shape_.residual, slot = pos % R, per = 2 * kvh * hd;
+  const int64_t R = shape_.residual, per = 2 * kvh * hd;
   auto* res_at = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(residual(req, layer)));
-  // Device caches: the token's slot in host memory, or the whole residual when this token completes it.
-  std::vector<uint16_t> mirror;
-  if (!in_place) mirror.resize(static_cast<std::size_t>((slot == R - 1 ? R : 1) * per));
-  uint16_t* res = in_place ? res_at : mirror.data();
-  uint16_t* mine = in_place || slot == R - 1 ? res + slot * per : res;
-  for (int64_t i = 0; i < kvh * hd; ++i) {
-    mine[i] = to_f16(k[i]).bits;
-    mine[kvh * hd + i] = to_f16(v[i]).bits;
-  }
-  copy_in(reinterpret_cast<uint8_t*>(res_at + slot * per), reinterpret_cast<const uint8_t*>(mine), per * 2);
-  std::memset(e, 0, static_cast<std::size_t>(eb));
-  copy_in(dst, e, eb);
-  if (slot != R - 1) return;
-  // The residual is complete: the records of its groups from its fp16 values.
-  if (!in_place) dev.copy(res, res_at, static_cast<std::size_t>(slot * per * 2), CopyKind::device_to_host);
+  // Device caches: the residual's slots up to the last one this run writes, in host memory.
+  std::unique_ptr<uint16_t[]> mirror(in_place ? nullptr : new uint16_t[std::min(R, from % R + count) * per]);
+  uint16_t* const res = in_place ? res_at : mirror.get();
+  std::vector<uint8_t> staged;  // device caches: records before their copy
   const KvType t = shape_.type;
   const int bits = static_cast<int>(shape_.elem_bits());
   const float top = static_cast<float>((1 << bits) - 1);
   const int64_t c = hd / kKiviGroup;
   uint8_t* recs[kKiviGroup];
   uint8_t codes[kKiviGroup];
-  for (int64_t first = pos - slot; first <= pos; first += kKiviGroup, res += kKiviGroup * per) {
-    uint8_t* group = target(nullptr, kKiviGroup);  // in place: each entry, zeroed when its token was written
-    for (int64_t j = 0; j < kKiviGroup; ++j) recs[j] = in_place ? entry(req, layer, first + j) : group + j * eb;
-    for (int64_t h = 0; h < kvh; ++h) {
-      for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
-        const KiviStep st = kivi_step(res + h * hd + ch, kKiviGroup, per, top, codes);
-        for (int64_t j = 0; j < kKiviGroup; ++j) put_code(bits, recs[j] + h * hb, ch, codes[j]);
-        put_pair(t, recs[ch / c] + h * hb, hd, ch % c, st);
+  for (int64_t a = from; a < from + count;) {
+    const int64_t s0 = a % R, n = std::min(R - s0, from + count - a);
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t* mine = res + (s0 + i) * per;
+      const float *ki = k + (a - from + i) * kvh * hd, *vi = v + (a - from + i) * kvh * hd;
+      for (int64_t j = 0; j < kvh * hd; ++j) {
+        mine[j] = to_f16(ki[j]).bits;
+        mine[kvh * hd + j] = to_f16(vi[j]).bits;
       }
-      for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
-        for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
-          const KiviStep st = kivi_step(res + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
-          uint8_t* r = recs[j] + (kvh + h) * hb;
-          for (int64_t i = 0; i < kKiviGroup; ++i) put_code(bits, r, b * kKiviGroup + i, codes[i]);
-          put_pair(t, r, hd, b, st);
-        }
+      if (in_place) std::memset(entry(req, layer, a + i), 0, static_cast<std::size_t>(eb));
     }
-    if (!in_place) copy_entries(req, layer, first, kKiviGroup, group);
+    if (!in_place)
+      dev.copy(res_at + s0 * per, res + s0 * per, static_cast<std::size_t>(n * per * 2), CopyKind::host_to_device);
+    const bool complete = s0 + n == R;
+    if (!in_place) {
+      staged.assign(static_cast<std::size_t>((complete ? R : n) * eb), 0);
+      if (!complete) copy_entries(req, layer, a, n, staged.data());
+      else if (s0 > 0) dev.copy(res, res_at, static_cast<std::size_t>(s0 * per * 2), CopyKind::device_to_host);
+    }
+    a += n;
+    if (!complete) continue;
+    const int64_t base = a - R;  // the residual's first position
+    for (int64_t g = 0; g < R; g += kKiviGroup) {
+      const uint16_t* gr = res + g * per;
+      for (int64_t j = 0; j < kKiviGroup; ++j)
+        recs[j] = in_place ? entry(req, layer, base + g + j) : staged.data() + (g + j) * eb;
+      for (int64_t h = 0; h < kvh; ++h) {
+        for (int64_t ch = 0; ch < hd; ++ch) {  // keys: channel ch over the group's tokens
+          const KiviStep st = kivi_step(gr + h * hd + ch, kKiviGroup, per, top, codes);
+          for (int64_t j = 0; j < kKiviGroup; ++j) put_code(bits, recs[j] + h * hb, ch, codes[j]);
+          put_pair(t, recs[ch / c] + h * hb, hd, ch % c, st);
+        }
+        for (int64_t j = 0; j < kKiviGroup; ++j)  // values: each token's blocks of 32 channels
+          for (int64_t b = 0; b < hd / kKiviGroup; ++b) {
+            const KiviStep st = kivi_step(gr + j * per + (kvh + h) * hd + b * kKiviGroup, kKiviGroup, 1, top, codes);
+            uint8_t* r = recs[j] + (kvh + h) * hb;
+            for (int64_t i = 0; i < kKiviGroup; ++i) put_code(bits, r, b * kKiviGroup + i, codes[i]);
+            put_pair(t, r, hd, b, st);
+          }
+      }
+    }
+    if (!in_place) copy_entries(req, layer, base, R, staged.data());
   }
 }
 
@@ -354,7 +367,14 @@ void KvCache::write_tokens(int64_t req, int64_t layer, int64_t from, int64_t cou
            "kv cache: write_tokens [" + std::to_string(from) + ", " + std::to_string(from + count) + ") is past request " +
                std::to_string(req) + "'s " + std::to_string(length(req)) + " tokens");
   const int64_t per = shape_.kv_heads * shape_.head_dim, eb = shape_.entry_bytes();
-  if (shape_.kivi() || device().backend() == Backend::cpu) {  // in place, or the KIVI types' own order
+  if (shape_.kivi()) {
+    MT_CHECK(from + count == length(req), std::string("kv cache: ") + kv_type_name(shape_.type) +
+                                              " tokens are written in order, a run ending at the request's last (got [" +
+                                              std::to_string(from) + ", " + std::to_string(from + count) + ") of " +
+                                              std::to_string(length(req)) + ")");
+    return write_kivi(req, layer, from, count, k, v);
+  }
+  if (device().backend() == Backend::cpu) {  // in place
     for (int64_t i = 0; i < count; ++i) write_token(req, layer, from + i, k + i * per, v + i * per);
     return;
   }

@@ -44,7 +44,7 @@
 //                        its group's 32 records (read_token). head_dim must be a multiple of 32. A NaN or Inf makes
 //                        the channel's (K) or block's (V) step NaN over the group: those values decode to NaN.
 //                        Records of the incomplete group are zero until it completes; the kernels read the
-//                        residual there. Written only through write_token, in order.
+//                        residual there. Written only through write_token / write_tokens, in order.
 //   int2-kivi            KIVI-2, the paper's 2-bit configuration: int4-kivi with codes in [0, 3], s = (max - min)
 //                        / 3, four codes a byte (element 4j + k in bits 2k, 2k + 1 of byte j): head_dim / 4 code
 //                        bytes, then the same pairs and the same residual.
@@ -183,8 +183,9 @@ class KvCache {
   // fp16 values for the tokens not yet quantized).
   void write_token(int64_t req, int64_t layer, int64_t pos, const float* k, const float* v);
   // Tokens [from, from + count) at `layer` (k, v: [count][kv_heads][head_dim]), as write_token would store
-  // each, with one copy per run of consecutive entries on a device cache. The KIVI types token by token (each
-  // must be the request's last when written: count 1 at a time as they are appended).
+  // each, with one copy per run of consecutive entries on a device cache. KIVI types: the run must end at the
+  // request's last token (tokens are written in order); on a device its residual slots take one copy per
+  // residual they fall in.
   void write_tokens(int64_t req, int64_t layer, int64_t from, int64_t count, const float* k, const float* v);
   void read_token(int64_t req, int64_t layer, int64_t pos, float* k, float* v) const;
   // Tokens of the request held in records: its length, or for the KIVI types those of its complete residuals
@@ -237,6 +238,8 @@ class KvCache {
   // Entries [from, from + count) of the request at `layer` from host memory (src: count entries back to back)
   // to the cache's device, one copy per run of entries adjacent in its memory.
   void copy_entries(int64_t req, int64_t layer, int64_t from, int64_t count, const uint8_t* src);
+  // The KIVI types' write_tokens (the checks done): tokens into the residual, records when it completes.
+  void write_kivi(int64_t req, int64_t layer, int64_t from, int64_t count, const float* k, const float* v);
   std::vector<Buffer> residual_;
   KvShape shape_;
 };

@@ -45,9 +45,9 @@ struct DecodeProblem final : Problem {
   std::vector<double> oracle;  // [batch][heads][hd]
 };
 
-// Fills a cache with the problem's tokens, appending round-robin across requests a block's worth at a time
-// (the KIVI types a token at a time); the entries are encoded on the host and copied to the cache's device
-// (KvCache::write_tokens: a copy per block; a memcpy on the CPU) right after their appends, before an
+// Fills a cache with the problem's tokens, appending round-robin across requests a block's worth at a time;
+// the entries are encoded on the host and copied to the cache's device (KvCache::write_tokens: a copy per
+// block, the KIVI types' residual slots one more; a memcpy on the CPU) right after their appends, before an
 // offloading cache moves their block to the host.
 std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
   std::vector<int64_t> reqs;
@@ -56,10 +56,10 @@ std::vector<int64_t> fill(KvCache& c, const DecodeProblem& p) {
     if (r < 0) throw OutOfMemory("device", "kv", static_cast<std::size_t>(p.context * p.shape.token_bytes()), 0, 0);
     reqs.push_back(r);
   }
-  const int64_t per = p.shape.kv_heads * p.shape.head_dim, chunk = p.shape.kivi() ? 1 : p.block;
-  for (int64_t t = 0; t < p.context; t += chunk)
+  const int64_t per = p.shape.kv_heads * p.shape.head_dim;
+  for (int64_t t = 0; t < p.context; t += p.block)
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t n = std::min(chunk, p.context - t);
+      const int64_t n = std::min(p.block, p.context - t);
       for (int64_t i = 0; i < n; ++i) MT_CHECK(c.append(reqs[b]), "kvcache: the cache refused a token it was sized for");
       const int64_t off = (b * p.context + t) * per;
       c.write_tokens(reqs[b], 0, t, n, &p.k[off], &p.v[off]);
