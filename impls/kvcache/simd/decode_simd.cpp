@@ -402,16 +402,17 @@ constexpr int64_t kScoreRows = 256;
 // the value pass over its V records. At 32K tokens, batch 8 on a 2-core AMD EPYC (Zen 2) this order took
 // fp32 from 149-160 to 89-90 ms and bf16 from 94-100 to 72-73 ms against ByHead below; there ByHead's
 // prefetches (one KV head's records of the next chunk, into L2) made it slower (one thread, in DRAM).
-// As each block of tokens is scored, the same tokens of the next chunk have their records (the unit's K
-// and V, every line) prefetched into L1: on a 2-core AMD EPYC (Zen 5; one process alternating the two
-// call by call, caches flushed before each) fp32 at 32K x 8 1.36x faster where memory ran at 72 GB/s and
-// 1.08-1.16x where it ran at 43-45 (4K-32K tokens, batch 1 and 8; one thread 1.22x), bf16 1.10-1.14x
-// (into L2: fp32 1.16x, bf16 1.15x at 32K x 8). Not measured on Zen 2 or Intel cores since.
-HWY_INLINE void PrefetchRecords(const uint8_t* entry, int64_t kv_heads, int64_t g0, int64_t g1, int64_t hb) {
-  for (int64_t kv = 0; kv < 2; ++kv) {
-    const uint8_t* r = entry + (kv * kv_heads + g0) * hb;
-    for (int64_t b = 0; b < (g1 - g0) * hb; b += 64) hwy::Prefetch(r + b);
-  }
+// The next chunk's records are prefetched into L1 a KV head at a time, each just before the same work on the
+// current chunk: as a block of tokens is scored for a KV head, the same tokens' K records of that head; before
+// a KV head's value pass, its V records of every token of the next chunk. On a 2-core AMD EPYC (Zen 5) the
+// whole unit's K and V lines of a block of tokens, prefetched at once before it was scored (bursts of 16-24
+// KB), had made fp32 at 32K x 8 1.36x faster than no prefetch, yet one core still took about the sum of its
+// time in cache and its time to read the bytes (one thread: 60-65 ns per token and KV head, against 22-25 in
+// cache and 38 to read 1 KB at a plain stream's rate): the bursts stalled its arithmetic behind them. Spread a
+// head at a time: 44-51 ns on one thread, level in cache; two threads at 8 x 16K-32K tokens (harness, `ab`
+// in lockstep, 5 rounds) 0.72-0.87 of the time for fp32 and 0.72-0.76 for bf16.
+HWY_INLINE void PrefetchRecord(const uint8_t* r, int64_t hb) {
+  for (int64_t b = 0; b < hb; b += 64) hwy::Prefetch(r + b);
 }
 
 template <KvType K>
@@ -429,9 +430,9 @@ void ByEntry(const DecodeUnit& u) {
       for (int64_t t = 0; t < n; t += kTB<K>) {
         const uint8_t* e[kTB<K>];
         BlockRecords<kTB<K>>(t, n, e, [&](int64_t v) { return u.tokens[c + v]; });
-        for (int64_t v = c + T + t; v < std::min(c + T + t + kTB<K>, u.count + u.lookahead); ++v)
-          PrefetchRecords(u.tokens[v], u.kv_heads, g0, g1, hb);
+        const int64_t next = std::min(c + T + t + kTB<K>, u.count + u.lookahead);  // [c + T + t, next)
         for (int64_t g = g0; g < g1; ++g) {
+          for (int64_t v = c + T + t; v < next; ++v) PrefetchRecord(u.tokens[v] + g * hb, hb);
           const uint8_t* k[kTB<K>];
           for (int b = 0; b < kTB<K>; ++b) k[b] = e[b] + g * hb;
           ScoreHeads<K>(k, t, hd, G, u.q + g * G * hd, u.qk_scale[g], s + (g - g0) * G);
@@ -442,6 +443,8 @@ void ByEntry(const DecodeUnit& u) {
           vr[t] = t < n ? u.tokens[c + t] + (u.kv_heads + g) * hb : nullptr;
           vs[t] = t < n ? Rec<K>::scale(vr[t], hd) : 0.f;
         }
+        for (int64_t v = c + T; v < std::min(c + 2 * T, u.count + u.lookahead); ++v)
+          PrefetchRecord(u.tokens[v] + (u.kv_heads + g) * hb, hb);
         UpdateHeads<K>(u, vr, vs, n, g, s + (g - g0) * G);
       }
     }
