@@ -524,11 +524,11 @@ TEST(PagedCache, CopyOnWriteLeavesTheOtherRequestUntouched) {
   EXPECT_NE(std::memcmp(c.entry(f, 1, 6), c.entry(a, 1, 6), s.entry_bytes()), 0);  // their own tokens
 }
 
-// write_token / write_tokens on a device cache (encoded on the host and copied; a completed KIVI residual read
-// back) store the bytes a host cache holds after writing in place: every storage type, both layouts, two
-// layers, KIVI residuals of 32 and 64 tokens with requests that end inside and at the edge of a residual. Whole
-// requests at once take one copy per run of adjacent entries: one per request in the contiguous cache, at most
-// one per block in the paged one (not one per token); the KIVI types one more per residual (its slots).
+// write_tokens on a device cache, each request whole (encoded on the host and copied), stores the bytes a host
+// cache holds after writing in place: every storage type, both layouts, two layers, KIVI residuals of 32 and
+// 64 tokens with requests that end inside and at the edge of a residual. Whole requests take one copy per run
+// of adjacent entries: one per request in the contiguous cache, at most one per block in the paged one (not
+// one per token); the KIVI types one more per residual (its slots). KiviRunsStore... below covers shorter runs.
 TEST(KvCache, WriteTokenThroughCopiesStoresWhatAHostCacheHolds) {
   auto cpu = make_cpu_device();
   test::HostBehindCopies far;
