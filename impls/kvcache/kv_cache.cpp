@@ -279,13 +279,10 @@ void KvCache::write_token(int64_t req, int64_t layer, int64_t pos, const float* 
                                          " tokens are written in order, each as the request's last");
     return write_kivi(req, layer, pos, 1, k, v);
   }
-  // A host cache (the CPU device) is encoded in place; any other device's records are encoded in host
-  // memory and copied.
-  uint8_t* const dst = entry(req, layer, pos);
-  if (device().backend() == Backend::cpu) return encode_entry(layer, k, v, dst);
-  std::vector<uint8_t> e(static_cast<std::size_t>(shape_.entry_bytes()));
-  encode_entry(layer, k, v, e.data());
-  device().copy(dst, e.data(), e.size(), CopyKind::host_to_device);
+  // A host cache (the CPU device) is encoded in place; any other device's records go through write_tokens'
+  // host staging and copy.
+  if (device().backend() == Backend::cpu) return encode_entry(layer, k, v, entry(req, layer, pos));
+  write_tokens(req, layer, pos, 1, k, v);
 }
 
 void KvCache::write_kivi(int64_t req, int64_t layer, int64_t from, int64_t count, const float* k, const float* v) {
